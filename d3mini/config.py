@@ -1,0 +1,420 @@
+"""Configs: one dataclass per component, YAML overrides, dotted CLI overrides, clear errors.
+
+A YAML file only overrides defaults:
+
+    model: {family: sdar, block_size: 8}
+    rl: {lr: 1.0e-5}
+
+CLI overrides take either form: ``--rl.lr 1e-6`` or ``rl.lr=1e-6``. An unknown key, a value of
+the wrong type or an impossible value raises ``ConfigError`` naming the key and the file.
+This module imports neither torch nor any other part of d3mini, so env servers can use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the file (or 'cli') and the dotted key."""
+
+
+# ----------------------------------------------------------------------------- components
+@dataclass
+class ModelConfig:
+    family: str = "sdar"            # sdar (block-causal) | qwen3 (causal AR) | llada (bidirectional)
+    path: Optional[str] = None      # checkpoint folder (config.json + safetensors); None = build from these fields
+    vocab_size: int = 512           # rows of the embedding / LM head
+    hidden_size: int = 128          # model width
+    intermediate_size: int = 384    # SwiGLU hidden width
+    num_layers: int = 4             # transformer blocks
+    num_heads: int = 4              # query heads
+    num_kv_heads: int = 2           # key/value heads (GQA when < num_heads)
+    head_dim: int = 32              # explicit per-head width (Qwen3 style; need not equal hidden/heads)
+    rope_theta: float = 1.0e6       # RoPE base (Qwen3/SDAR 1e6, LLaDA 5e5)
+    rms_norm_eps: float = 1.0e-6    # RMSNorm epsilon (Qwen3/SDAR 1e-6, LLaDA 1e-5)
+    qk_norm: bool = True            # per-head RMSNorm on q and k before RoPE (Qwen3/SDAR yes, LLaDA no)
+    tie_embeddings: bool = False    # share embed_tokens and lm_head
+    block_size: int = 4             # SDAR diffusion block (1 = AR); ignored by llada's attention
+    max_position: int = 32768       # max_position_embeddings written to config.json
+    mask_id: int = 3                # <|MASK|> id; distinct from pad and eos
+    bos_id: Optional[int] = None    # id prepended by the chat template (LLaDA) or None
+    eos_ids: list = field(default_factory=lambda: [1, 2])  # stop ids; the first is end-of-turn
+    pad_id: int = 0                 # padding id (never used to build masks)
+    dtype: str = "float32"          # float32 | bfloat16 | float16: parameter dtype when loading/building
+    init_std: float = 0.02          # normal init std for from-scratch models
+    attn_impl: str = "sdpa"         # sdpa | flash (flash-attn on CUDA where the mask allows)
+
+
+@dataclass
+class DecodeConfig:
+    block_size: int = 4             # decode block (must equal the SDAR model's block_size; 1 = AR)
+    steps_per_block: int = 0        # denoising steps per block; 0 = block_size (one token per step at tau 1)
+    rule: str = "threshold"         # threshold (low_confidence_dynamic) | static (top-k schedule)
+    threshold: float = 0.95         # tau: commit every masked token with confidence > tau
+    temperature: float = 0.0        # 0 = greedy argmax
+    top_k: int = 0                  # 0 = off
+    top_p: float = 1.0              # 1.0 = off
+    max_new_tokens: int = 64        # generation budget per call
+    stop_ids: Optional[list] = None # None = the model's eos_ids
+    compile: bool = False           # torch.compile the per-step function (GPU benchmarks)
+    seed: int = 0                   # sampling generator seed
+    llada_prefix_cache: bool = False  # LLaDA: reuse the prefix K/V within a block (refreshed per block)
+
+
+@dataclass
+class EnvConfig:
+    name: str = "webshop"           # webshop | search | alfworld
+    server_url: Optional[str] = None  # http://127.0.0.1:PORT to use an env server; None = in-process
+    max_steps: int = 15             # episode step limit (webshop 15, search 4, alfworld 50)
+    history: int = 2                # last H (observation, action) pairs shown in the prompt
+    prompt: str = "compact"         # verl (verl-agent style) | compact (short, for tiny models)
+    obs_format: str = "compact"     # text ([SEP]-joined pages) | compact
+    require_admissible: bool = True # validity also needs the action to be admissible
+    seed: int = 0                   # catalog / goal generator seed
+    num_products: int = 300         # embedded WebShop catalog size
+    num_goals: int = 1000           # embedded WebShop goals
+    num_test_goals: int = 300       # held-out goals (fixed test split)
+    data_dir: Optional[str] = None  # folder with real data files (WebShop json, Search jsonl, ALFWorld games)
+    topk: int = 3                   # search: documents per <information>
+    retriever_url: Optional[str] = None  # search: Search-R1 /retrieve server; None = embedded BM25
+    timeout_s: float = 30.0         # HTTP timeout per request
+    retries: int = 3                # HTTP retries on connection errors and 5xx
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = 0                   # 0 = full fine-tuning
+    alpha: float = 16.0             # scale = alpha / rank
+    targets: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 200                # optimizer steps
+    episodes: int = 400             # expert episodes collected for the SFT set
+    batch_size: int = 16            # step samples per optimizer step (global)
+    lr: float = 1.0e-3              # peak learning rate
+    warmup: int = 20                # linear warmup steps
+    min_lr_ratio: float = 0.1       # cosine decay floor as a fraction of lr
+    loss_norm: str = "tokens"       # tokens (divide by label tokens) | samples (per-sample answer length)
+
+
+@dataclass
+class RLConfig:
+    algo: str = "d3llm_v2"          # d3llm_v2 | d1 | espo | bgpo | gdpo | grpo
+    steps: int = 20                 # rl_step calls
+    tasks_per_step: int = 8         # N tasks per rollout batch
+    group_size: int = 8             # G episodes per task
+    epochs: int = 1                 # mu: inner passes over the rollout batch
+    minibatch: int = 64             # step samples per optimizer update
+    micro_batch: int = 16           # step samples per forward/backward (gradient accumulation)
+    lr: float = 1.0e-5              # learning rate
+    clip_low: float = 0.2           # ratio clip below 1
+    clip_high: float = 0.28         # ratio clip above 1
+    advantage: str = "grpo"         # grpo (mean/std) | mean | loo (leave-one-out)
+    gating: str = "gate"            # gate (invalid step -> reward 0) | penalty (-0.1 x invalid) | none
+    penalty: float = 0.1            # penalty mode coefficient
+    kl: str = "none"                # none | k2 | k3
+    kl_coef: float = 0.01           # beta when kl != none
+    entropy_floor: float = 0.0      # 0 = off; else penalise mean entropy below this (nats)
+    entropy_coef: float = 0.0       # weight of the entropy-floor penalty
+    mc_samples: int = 2             # mask draws per sample for ELBO estimators
+    estimator: str = "auto"         # auto (family default) | ar | sdar_block | llada_mc | llada_coupled | mean_field
+    temperature: float = 1.0        # rollout sampling temperature
+    p_mask_prompt: float = 0.15     # d1 one-step estimator: prompt masking rate
+    seed: int = 0                   # mask-draw seed base
+
+
+@dataclass
+class DistillConfig:
+    steps: int = 50                 # distill_step calls
+    rollouts_every: int = 1         # fresh rollouts every N steps
+    tasks_per_step: int = 8         # tasks per rollout batch
+    group_size: int = 4             # episodes per task
+    batch_size: int = 32            # step samples per update
+    lr: float = 1.0e-4              # learning rate
+    r_max: float = 0.8              # final mask-ratio ceiling and floor target
+    entropy_coef: float = 2.0       # lambda: entropy term on correctly predicted positions
+    entropy_temp: float = 0.5       # softmax temperature inside the entropy term
+    only_valid: bool = True         # train only on valid step samples
+    only_success: bool = False      # train only on steps of successful episodes
+    tie_break: str = "confidence"   # confidence | random: order among tokens committed at the same forward
+    threshold: float = 0.95         # decode threshold for the rollouts that make targets
+
+
+@dataclass
+class TrainConfig:
+    stages: list = field(default_factory=lambda: ["sft", "rl", "distill"])  # subset of sft | rl | distill
+    out_dir: str = "runs/tiny"      # checkpoints, metrics.jsonl, rollouts, results
+    seed: int = 0                   # global seed
+    dtype: str = "float32"          # float32 | bfloat16 (autocast) compute dtype
+    grad_clip: float = 1.0          # max grad norm
+    weight_decay: float = 0.0       # AdamW weight decay
+    betas: list = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
+    log_every: int = 1              # metrics.jsonl cadence (steps)
+    save_every: int = 50            # checkpoint cadence (steps)
+    eval_every: int = 0             # periodic eval cadence (0 = only after each stage)
+    dump_every: int = 10            # rollouts dumped as text every N steps
+    activation_checkpointing: bool = False  # recompute block activations in backward
+    fsdp: bool = True               # shard with FSDP2 when world size > 1
+    wandb: bool = False             # log to wandb when installed
+    tokenizer: Optional[str] = None # tokenizer.json path; None = the checkpoint's or a tiny one built here
+    threads: int = 0                # torch CPU threads (0 = leave torch's default)
+
+
+@dataclass
+class EvalConfig:
+    num_tasks: int = 300            # held-out tasks
+    split: str = "test"             # test | train (env-specific names are mapped by the env)
+    thresholds: list = field(default_factory=lambda: [1.0, 0.95])  # taus evaluated after each stage
+    sweep: list = field(default_factory=lambda: [1.0, 0.95, 0.9, 0.8, 0.7])  # taus for the AUP sweep
+    alpha: float = 3.0              # AUP alpha
+    y_max: Optional[float] = None   # AUP y_max; None = best accuracy among compared runs
+    batch_episodes: int = 64        # episodes decoded together
+    out: Optional[str] = None       # result file prefix; None = <out_dir>/eval
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# ----------------------------------------------------------------------------- validation
+_CHOICES = {
+    "model.family": ("sdar", "qwen3", "llada"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.attn_impl": ("sdpa", "flash"),
+    "decode.rule": ("threshold", "static"),
+    "env.name": ("webshop", "search", "alfworld"),
+    "env.prompt": ("verl", "compact"),
+    "env.obs_format": ("text", "compact"),
+    "sft.loss_norm": ("tokens", "samples"),
+    "rl.algo": ("d3llm_v2", "d1", "espo", "bgpo", "gdpo", "grpo"),
+    "rl.advantage": ("grpo", "mean", "loo"),
+    "rl.gating": ("gate", "penalty", "none"),
+    "rl.kl": ("none", "k2", "k3"),
+    "rl.estimator": ("auto", "ar", "sdar_block", "llada_mc", "llada_coupled", "mean_field"),
+    "distill.tie_break": ("confidence", "random"),
+    "train.dtype": ("float32", "bfloat16"),
+}
+_POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size", "model.num_layers",
+             "model.num_heads", "model.num_kv_heads", "model.head_dim", "model.block_size",
+             "model.rope_theta", "model.rms_norm_eps", "decode.block_size", "decode.max_new_tokens",
+             "env.max_steps", "sft.batch_size", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
+             "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "distill.batch_size",
+             "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s"]
+_NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
+           "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
+           "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
+           "env.retries", "train.threads"]
+_UNIT = ["decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
+
+
+def _check_values(cfg: Config, src: str) -> None:
+    def get(key):
+        sec, name = key.split(".")
+        return getattr(getattr(cfg, sec), name)
+
+    def bad(key, why):
+        raise ConfigError(f"{src}: {key} = {get(key)!r}: {why}")
+
+    for key, choices in _CHOICES.items():
+        if get(key) not in choices:
+            bad(key, f"must be one of {list(choices)}")
+    for key in _POSITIVE:
+        if get(key) <= 0:
+            bad(key, "must be > 0")
+    for key in _NONNEG:
+        if get(key) < 0:
+            bad(key, "must be >= 0")
+    for key in _UNIT:
+        if not 0.0 <= get(key) <= 1.0:
+            bad(key, "must be in [0, 1]")
+    m = cfg.model
+    if m.num_heads % m.num_kv_heads:
+        bad("model.num_kv_heads", f"must divide model.num_heads = {m.num_heads}")
+    if m.mask_id in m.eos_ids or m.mask_id == m.pad_id:
+        bad("model.mask_id", "must differ from pad_id and every eos id")
+    if not m.eos_ids:
+        bad("model.eos_ids", "needs at least one stop id")
+    if m.head_dim % 2:
+        bad("model.head_dim", "must be even (RoPE rotates halves)")
+    if cfg.decode.steps_per_block > cfg.decode.block_size:
+        bad("decode.steps_per_block", f"must be <= decode.block_size = {cfg.decode.block_size}")
+    if not 0.0 <= cfg.decode.threshold <= 1.0:
+        bad("decode.threshold", "must be in [0, 1]")
+    for s in cfg.train.stages:
+        if s not in ("sft", "rl", "distill"):
+            raise ConfigError(f"{src}: train.stages: unknown stage {s!r} (sft | rl | distill)")
+    if cfg.lora.alpha <= 0:
+        bad("lora.alpha", "must be > 0")
+    for t in cfg.eval.thresholds + cfg.eval.sweep:
+        if not 0.0 <= float(t) <= 1.0:
+            raise ConfigError(f"{src}: eval thresholds must lie in [0, 1], got {t!r}")
+
+
+# ----------------------------------------------------------------------------- type coercion
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against annotation `tp`; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if tp is list or origin is list:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return value
+    return value
+
+
+def _apply(obj: Any, data: dict, src: str, prefix: str = "") -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{src}: {prefix.rstrip('.') or 'top level'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        dotted = prefix + str(key)
+        if key not in names:
+            raise ConfigError(f"{src}: unknown key {dotted!r} (known: {sorted(names)})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _apply(current, value if value is not None else {}, src, dotted + ".")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], f"{src}: {dotted}"))
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[list] = None) -> Config:
+    """Defaults <- YAML file <- CLI overrides, then validated."""
+    cfg = Config()
+    if path is not None:
+        if not os.path.exists(path):
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        _apply(cfg, data, path)
+        _check_values(cfg, path)
+    if overrides:
+        apply_overrides(cfg, overrides)
+    _check_values(cfg, path or "defaults")
+    return cfg
+
+
+def parse_overrides(args: list) -> dict:
+    """['--rl.lr', '1e-6', 'model.family=llada'] -> nested dict with YAML-parsed values."""
+    out: dict = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            a = a[2:]
+            if "=" in a:
+                key, raw = a.split("=", 1)
+            else:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"cli: --{a} needs a value")
+                key, raw = a, args[i + 1]
+                i += 1
+        elif "=" in a:
+            key, raw = a.split("=", 1)
+        else:
+            raise ConfigError(f"cli: cannot parse override {a!r} (use --section.key VALUE or section.key=VALUE)")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) and value.strip() != raw.strip():
+            value = raw
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+        i += 1
+    return out
+
+
+def apply_overrides(cfg: Config, args: list) -> Config:
+    data = parse_overrides(args)
+    # a float field given as "1e-6" is parsed by YAML as a string; convert numeric strings for numeric fields
+    _apply(cfg, _numeric_strings(cfg, data), "cli")
+    return cfg
+
+
+def _numeric_strings(obj: Any, data: dict) -> dict:
+    hints = typing.get_type_hints(type(obj)) if dataclasses.is_dataclass(obj) else {}
+    out = {}
+    for k, v in data.items():
+        cur = getattr(obj, k, None)
+        if isinstance(v, dict) and dataclasses.is_dataclass(cur):
+            out[k] = _numeric_strings(cur, v)
+            continue
+        tp = hints.get(k)
+        base = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) is typing.Union else [tp]
+        if isinstance(v, str) and base and base[0] in (int, float):
+            try:
+                v = base[0](float(v)) if base[0] is float else int(v)
+            except ValueError:
+                pass
+        out[k] = v
+    return out
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str) -> None:
+    """Write the resolved config as YAML (.yaml/.yml) or JSON (anything else), atomically."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        if path.endswith((".yaml", ".yml")):
+            yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+        else:
+            json.dump(to_dict(cfg), f, indent=2)
+    os.replace(tmp, path)
+
+
+def from_dict(data: dict, src: str = "dict") -> Config:
+    cfg = Config()
+    _apply(cfg, data, src)
+    _check_values(cfg, src)
+    return cfg
