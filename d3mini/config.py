@@ -45,7 +45,7 @@ class ModelConfig:
     max_position: int = 32768       # max_position_embeddings written to config.json
     mask_id: int = 3                # <|MASK|> id; distinct from pad and eos
     bos_id: Optional[int] = None    # id prepended by the chat template (LLaDA) or None
-    eos_ids: list = field(default_factory=lambda: [1, 2])  # stop ids; the first is end-of-turn
+    eos_ids: list = field(default_factory=lambda: [2, 0])  # stop ids; the first is end-of-turn
     pad_id: int = 0                 # padding id (never used to build masks)
     dtype: str = "float32"          # float32 | bfloat16 | float16: parameter dtype when loading/building
     init_std: float = 0.02          # normal init std for from-scratch models
