@@ -66,6 +66,8 @@ class DecodeConfig:
     compile: bool = False           # torch.compile the per-step function (GPU benchmarks)
     seed: int = 0                   # sampling generator seed
     llada_prefix_cache: bool = False  # LLaDA: reuse the prefix K/V within a block (refreshed per block)
+    cache_len: int = 0              # SDAR/AR static KV/canvas slots; 0 = just enough for the batch (a fixed
+                                    # value keeps one compiled shape across calls with other prompt lengths)
 
 
 @dataclass
@@ -165,6 +167,8 @@ class TrainConfig:
     dump_every: int = 10            # rollouts dumped as text every N steps
     activation_checkpointing: bool = False  # recompute block activations in backward
     fsdp: bool = True               # shard with FSDP2 when world size > 1
+    mp_dtype: str = "bfloat16"      # FSDP2 param dtype on GPU (bfloat16 | float32; grads reduced in fp32; CPU: fp32)
+    keep_checkpoints: int = 3       # newest step_* checkpoint folders kept by dist.save
     wandb: bool = False             # log to wandb when installed
     tokenizer: Optional[str] = None # tokenizer.json path; None = the checkpoint's or a tiny one built here
     threads: int = 0                # torch CPU threads (0 = leave torch's default)
