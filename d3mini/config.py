@@ -88,6 +88,8 @@ class EnvConfig:
     retriever_url: Optional[str] = None  # search: Search-R1 /retrieve server; None = embedded BM25
     timeout_s: float = 30.0         # HTTP timeout per request
     retries: int = 3                # HTTP retries on connection errors and 5xx
+    backoff_s: float = 0.5          # first retry delay; doubles on every further retry
+    human_goals: bool = False       # webshop with real data: goals from items_human_ins.json instead of synthetic ones
 
 
 @dataclass
@@ -133,6 +135,8 @@ class RLConfig:
     temperature: float = 1.0        # rollout sampling temperature
     p_mask_prompt: float = 0.15     # d1 one-step estimator: prompt masking rate
     seed: int = 0                   # mask-draw seed base
+    mask_scheme: str = "auto"       # ELBO mask draws: auto (algo/estimator default) | stratified | coupled | sdmc
+    dual_clip: float = 3.0          # verl dual-clip bound c for A < 0 (grpo, bgpo); 0 = off
 
 
 @dataclass

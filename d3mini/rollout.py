@@ -1,0 +1,200 @@
+"""The multi-turn agent loop shared by RL, distillation, evaluation and SFT-data collection.
+
+verl-agent's step-independent form (reference/rl.md §6.1): every environment step of every
+episode becomes one StepSample whose prompt is rebuilt from the task, the last H (observation,
+action) pairs and the current observation, so a long episode never grows one long sequence.
+
+    for each step t:   prompts of all active episodes  ->  one batched generate()
+                       project(text) -> action, format ok ->  env.step(action)
+    at episode end:    every StepSample of the episode gets the episode reward (10 x won)
+
+N tasks x G episodes per task; a group shares its task and seed. An env failure (server gone,
+timeout after retries) marks that episode failed: its samples are dropped (they are not a
+signal about the policy) and it is counted in the metrics; the call goes on.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+from d3mini.config import DecodeConfig, EnvConfig
+from d3mini.data import apply_chat
+from d3mini.envs import EnvError, env_module, is_action_valid, make_env
+
+
+@dataclass
+class StepSample:
+    prompt_ids: list            # chat-templated prompt token ids
+    response_ids: list          # generated ids (stop id included)
+    trace: Optional[list]       # per response token: denoising forward that committed it (None: expert)
+    confidence: Optional[list]  # per response token: p at commit (None: expert)
+    action: str                 # projected action string
+    valid: bool                 # format ok and (by default) admissible
+    reward: float               # the episode's reward (10 x won), filled at episode end
+    group_id: int               # same task (and seed) -> same group
+    episode_id: int             # unique within one rollout call
+    step: int                   # step index within the episode
+    won: bool = False           # the episode was won (for distill's only_success)
+    score: float = 0.0          # the episode's raw score
+    text: str = ""              # decoded response text (for dumps)
+
+
+@dataclass
+class _Episode:
+    env: object
+    group_id: int
+    episode_id: int
+    task_id: object
+    obs: str = ""
+    task: str = ""
+    admissible: Optional[list] = None
+    history: list = field(default_factory=list)   # [(obs, action)]
+    samples: list = field(default_factory=list)
+    done: bool = False
+    failed: Optional[str] = None
+    won: bool = False
+    score: float = 0.0
+    reward: float = 0.0
+    n_valid: int = 0
+    tokens: int = 0
+    nfe_denoise: int = 0
+    nfe_total: int = 0
+
+
+def build_prompt(mod, tokenizer, ep: _Episode, env_cfg: EnvConfig, step: int, max_tokens: int) -> list:
+    """Chat-templated prompt ids; the long-prompt fallback drops the oldest history first."""
+    history = ep.history[-env_cfg.history:] if env_cfg.history > 0 else []
+    while True:
+        text = mod.prompt(ep.task, ep.obs, history, ep.admissible, step, env_cfg)
+        ids = apply_chat(tokenizer, [{"role": "user", "content": text}], enable_thinking=False)
+        if len(ids) <= max_tokens or not history:
+            break
+        history = history[1:]
+    if len(ids) > max_tokens:  # still too long: keep the tail (the current observation and the cue)
+        ids = ids[-max_tokens:]
+    return ids
+
+
+def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task_ids: list,
+            group_size: int = 1, expert: bool = False, seed: int = 0, batch_size: int = 64,
+            max_prompt_tokens: int = 2048, env_factory: Optional[Callable] = None,
+            progress: bool = False) -> tuple:
+    """Run len(task_ids) x group_size episodes; return (step samples, metrics).
+
+    expert=True: the env's scripted expert writes every response (SFT data; `model` may be None).
+    metrics["episodes"] holds one record per episode (task_id, group_id, won, score, steps, ...).
+    """
+    from d3mini.decode import generate  # decode imports torch; keep this module importable without it
+
+    mod = env_module(env_cfg.name)
+    factory = env_factory or make_env
+    rng = random.Random(seed)
+    t0 = time.time()
+    eps = []
+    for g, tid in enumerate(task_ids):
+        for j in range(group_size):
+            ep = _Episode(env=None, group_id=g, episode_id=len(eps), task_id=tid)
+            eps.append(ep)
+            try:
+                ep.env = factory(env_cfg)
+                ep.obs, info = ep.env.reset(task_id=tid, seed=seed + g)
+                ep.task, ep.admissible = info.get("task", ""), info.get("admissible_actions")
+            except EnvError as e:
+                ep.failed, ep.done = f"reset: {e}", True
+    t_decode = 0.0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(eps), desc="episodes", leave=False)
+    for step in range(env_cfg.max_steps):
+        active = [e for e in eps if not e.done]
+        if not active:
+            break
+        prompts = [build_prompt(mod, tokenizer, e, env_cfg, step, max_prompt_tokens) for e in active]
+        outs = []  # (response ids, text, trace, confidence, nfe_denoise, nfe_total)
+        if expert:
+            for e in active:
+                text = mod.expert(e.env, rng)
+                ids = tokenizer.encode(text) + [tokenizer.eot_id]
+                outs.append((ids, text, None, None, 0, 0))
+        else:
+            td = time.time()
+            for i in range(0, len(prompts), batch_size):
+                dcfg = replace(decode_cfg, seed=decode_cfg.seed + 1000003 * seed + 7919 * step + i)
+                res = generate(model, prompts[i:i + batch_size], dcfg, tokenizer)
+                for k in range(len(res.tokens)):
+                    outs.append((res.tokens[k], res.text[k], res.trace[k], res.confidence[k],
+                                 res.nfe_denoise[k], res.nfe_total[k]))
+            t_decode += time.time() - td
+        for e, p, (ids, text, tr, conf, nd, nt) in zip(active, prompts, outs):
+            action, ok = mod.project(text)
+            valid = is_action_valid(action, ok, e.admissible, env_cfg.require_admissible)
+            e.samples.append(StepSample(prompt_ids=p, response_ids=list(ids), trace=tr, confidence=conf,
+                                        action=action, valid=valid, reward=0.0, group_id=e.group_id,
+                                        episode_id=e.episode_id, step=step, text=text))
+            e.n_valid += int(valid)
+            e.tokens += len(ids)
+            e.nfe_denoise += nd
+            e.nfe_total += nt
+            try:
+                obs, reward, done, info = e.env.step(action)
+            except EnvError as err:
+                e.failed, e.done = f"step {step}: {err}", True
+                continue
+            e.history.append((e.obs, action))
+            e.obs, e.admissible = obs, info.get("admissible_actions")
+            e.won, e.score = bool(info.get("won", False)), float(info.get("score", 0.0))
+            e.reward += float(reward)
+            if done or step + 1 >= env_cfg.max_steps:
+                e.done = True
+        if bar is not None:
+            bar.n = sum(e.done for e in eps)
+            bar.refresh()
+    if bar is not None:
+        bar.close()
+    samples = []
+    for e in eps:
+        try:
+            if e.env is not None:
+                e.env.close()
+        except EnvError:
+            pass
+        if e.failed:
+            continue
+        for s in e.samples:
+            s.reward, s.won, s.score = e.reward, e.won, e.score
+        samples.extend(e.samples)
+    return samples, episode_metrics(eps, time.time() - t0, t_decode)
+
+
+def episode_metrics(eps: list, wall: float, t_decode: float) -> dict:
+    ok = [e for e in eps if not e.failed]
+    n = max(len(ok), 1)
+    steps = sum(len(e.samples) for e in ok)
+    counted = sum(e.tokens for e in ok)
+    nd, nt = sum(e.nfe_denoise for e in ok), sum(e.nfe_total for e in ok)
+    # TPF counts generated tokens without each response's stop id (metrics.md §1.2)
+    tpf_tokens = counted - steps
+    return {
+        "episodes": [{"task_id": e.task_id, "group_id": e.group_id, "episode_id": e.episode_id, "won": e.won,
+                      "score": e.score, "steps": len(e.samples), "valid": e.n_valid, "tokens": e.tokens,
+                      "nfe_denoise": e.nfe_denoise, "nfe_total": e.nfe_total, "failed": e.failed} for e in eps],
+        "num_episodes": len(eps), "failed_episodes": len(eps) - len(ok),
+        "success": sum(e.won for e in ok) / n, "score": sum(e.score for e in ok) / n,
+        "steps": steps / n, "valid_ratio": sum(e.n_valid for e in ok) / max(steps, 1),
+        "gen_tokens": counted, "nfe_denoise": nd, "nfe_total": nt,
+        "tpf_denoise": tpf_tokens / max(nd, 1), "tpf_total": tpf_tokens / max(nt, 1),
+        "time_rollout": wall, "time_decode": t_decode, "tokens_per_s": counted / max(t_decode, 1e-9),
+    }
+
+
+def format_samples(samples: list, tokenizer, limit: int = 20) -> str:
+    """A readable text dump of step samples (for rollouts written every N steps)."""
+    out = []
+    for s in samples[:limit]:
+        out.append(f"=== group {s.group_id} episode {s.episode_id} step {s.step} reward {s.reward} "
+                   f"valid {s.valid} won {s.won}\n--- prompt\n{tokenizer.decode(s.prompt_ids)}\n"
+                   f"--- response\n{s.text}\n--- action: {s.action}\n")
+    return "\n".join(out)

@@ -1,0 +1,390 @@
+"""Train a diffusion-LLM agent: SFT -> reward-gated agentic RL -> online self-distillation.
+
+    python train.py --config configs/tiny.yaml [section.key=value ...] [--resume]
+    torchrun --nproc_per_node 4 train.py --config configs/webshop.yaml
+
+Stages run in the order of `train.stages`. Every rank holds the whole (deterministic) data and
+rollout batch and trains on its slice of each global batch, with loss normalisers computed over
+the global batch, so 1 process and N processes take the same optimizer steps (dist.py sums the
+gradients). Checkpoints (model, optimizer, scheduler, RNG, stage, step, cursors) are written
+every `train.save_every` steps; `--resume` continues from the latest intact one. After each stage
+the model is evaluated on held-out tasks and a results table is written to <out_dir>/results.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+from d3mini import dist
+from d3mini.config import ConfigError, load_config, save_config, to_dict
+from d3mini.data import Tokenizer, build_tiny_tokenizer, render_chat
+from d3mini.envs import env_module
+from d3mini.lora import apply_lora
+from d3mini.model import DiffusionLM
+from d3mini.rollout import format_samples, rollout
+
+
+# ----------------------------------------------------------------------------- setup
+def parse_args(argv):
+    cfg_path, resume, rest = None, False, []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("cli: --config needs a file")
+            cfg_path, i = argv[i + 1], i + 2
+        elif argv[i] == "--resume":
+            resume, i = True, i + 1
+        else:
+            rest.append(argv[i])
+            i += 1
+    return load_config(cfg_path, rest), cfg_path, resume
+
+
+def check_startup(cfg, info):
+    """Clear errors before any work starts."""
+    if cfg.model.path and not os.path.isdir(cfg.model.path):
+        raise ConfigError(f"model.path = {cfg.model.path!r}: checkpoint folder not found")
+    if cfg.model.attn_impl == "flash" and not torch.cuda.is_available():
+        raise ConfigError("model.attn_impl = 'flash' needs CUDA; use sdpa on CPU")
+    if cfg.decode.compile and not torch.cuda.is_available():
+        dist.print0("note: decode.compile on CPU compiles for tens of seconds per shape")
+    for name, n in [("sft.batch_size", cfg.sft.batch_size), ("distill.batch_size", cfg.distill.batch_size),
+                    ("rl.minibatch", cfg.rl.minibatch)]:
+        if n % info.world:
+            raise ConfigError(f"{name} = {n} is not divisible by the world size {info.world}")
+    if cfg.model.family == "sdar" and cfg.decode.block_size != cfg.model.block_size:
+        raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
+                          f"{cfg.model.block_size} for sdar")
+    if cfg.env.server_url:
+        import requests
+        try:
+            requests.get(cfg.env.server_url.rstrip("/") + "/health", timeout=5).raise_for_status()
+        except Exception as e:
+            raise ConfigError(f"env.server_url = {cfg.env.server_url!r} is unreachable: {e}") from None
+
+
+def seed_all(seed: int):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def autocast(cfg):
+    if cfg.train.dtype == "bfloat16":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.autocast(dev, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def expert_texts(cfg, n_episodes: int) -> list:
+    """Rendered prompt + response strings of expert episodes, to train a tiny tokenizer on."""
+    boot = build_tiny_tokenizer(["bootstrap"], vocab_size=300, family=cfg.model.family)
+    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")[:n_episodes]
+    samples, _ = rollout(None, boot, cfg.env, cfg.decode, ids, expert=True, seed=cfg.train.seed)
+    return [boot.decode(s.prompt_ids) + s.text for s in samples]
+
+
+def build_tokenizer(cfg, info) -> Tokenizer:
+    fam = "llada" if cfg.model.family == "llada" else cfg.model.family
+    if cfg.train.tokenizer:
+        return Tokenizer.from_file(cfg.train.tokenizer, fam)
+    if cfg.model.path:
+        return Tokenizer.from_dir(cfg.model.path, fam)
+    path = os.path.join(cfg.train.out_dir, "tokenizer.json")
+    if os.path.exists(path):  # resume: the same tokenizer
+        return Tokenizer.from_file(path, fam)
+    tok = build_tiny_tokenizer(expert_texts(cfg, min(200, cfg.sft.episodes)), cfg.model.vocab_size, fam)
+    if info.is_main:
+        tok.save(path)
+    dist.barrier()
+    return tok
+
+
+def build_model(cfg, tok, info):
+    dev = info.device
+    if cfg.model.path:
+        model = DiffusionLM.from_pretrained(cfg.model.path, device=dev)
+    else:
+        mc = cfg.model
+        mc.vocab_size = tok.vocab_size
+        mc.mask_id, mc.pad_id, mc.eos_ids = tok.mask_id, tok.pad_id, list(tok.stop_ids)
+        mc.bos_id = tok.bos_id
+        torch.manual_seed(cfg.train.seed)  # identical weights on every rank
+        model = DiffusionLM.from_config(mc, device=dev)
+    if cfg.lora.rank > 0:
+        torch.manual_seed(cfg.train.seed + 1)
+        apply_lora(model, cfg.lora)
+    return dist.shard(model, cfg.train, info)
+
+
+def make_optimizer(cfg, model, lr: float, steps: int, warmup: int, min_ratio: float):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.train.betas), weight_decay=cfg.train.weight_decay)
+
+    def sched(step):  # linear warmup, cosine decay to min_ratio
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        t = (step - warmup) / max(steps - warmup, 1)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, sched)
+
+
+class Logger:
+    """metrics.jsonl (rank 0), optional wandb; never needs guarding by the caller."""
+
+    def __init__(self, cfg, info):
+        self.main = info.is_main
+        self.path = os.path.join(cfg.train.out_dir, "metrics.jsonl")
+        self.wandb = None
+        if self.main and cfg.train.wandb:
+            try:
+                import wandb
+                self.wandb = wandb.init(project="d3mini", config=to_dict(cfg))
+            except Exception as e:
+                print(f"wandb disabled: {e}")
+
+    def log(self, rec: dict):
+        if not self.main:
+            return
+        rec = {k: v for k, v in rec.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(rec)
+
+
+def finite_or_raise(loss, where: str):
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"{where}: loss is {loss.item()} (not finite); the last checkpoint is kept")
+
+
+# ----------------------------------------------------------------------------- stages
+def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
+    from d3mini.rl import diffusion_loss
+    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    rng = random.Random(cfg.train.seed)
+    ids = [ids[rng.randrange(len(ids))] for _ in range(cfg.sft.episodes)] if len(ids) < cfg.sft.episodes \
+        else ids[:cfg.sft.episodes]
+    data, m = rollout(None, tok, cfg.env, cfg.decode, ids, expert=True, seed=cfg.train.seed)
+    dist.print0(f"sft: {len(data)} expert step samples from {len(ids)} episodes (expert success {m['success']:.3f})")
+    opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
+    step = resume_into(cfg, model, opt, sch, start)
+    B = cfg.sft.batch_size
+    order = np.random.RandomState(cfg.train.seed).permutation(len(data) * (1 + cfg.sft.steps * B // max(len(data), 1)))
+    bar = progress(cfg.sft.steps, step, "sft", info)
+    while step < cfg.sft.steps:
+        t0 = time.time()
+        batch = [data[i % len(data)] for i in order[step * B:(step + 1) * B]]
+        mine = batch[info.rank::info.world]
+        gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
+        denom = sum(len(s.response_ids) for s in batch)  # global token count
+        with autocast(cfg):
+            loss, stats = diffusion_loss(model, [s.prompt_ids for s in mine], [s.response_ids for s in mine],
+                                         gen, denom=denom, sample_ids=list(range(info.rank, B, info.world)))
+        finite_or_raise(loss, f"sft step {step}")
+        loss.backward()
+        gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
+        opt.step()
+        sch.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        rec = {"stage": "sft", "step": step, "loss": float(dist.all_reduce_sum(loss.detach()).item()),
+               "grad_norm": gnorm, "lr": sch.get_last_lr()[0], "time": time.time() - t0}
+        log.log(rec)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}")
+        bar.update(1)
+        maybe_save(cfg, model, opt, sch, "sft", step, cfg.sft.steps)
+    bar.close()
+
+
+def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
+    from d3mini.rl import rl_step
+    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
+    step = resume_into(cfg, model, opt, sch, start)
+    bar = progress(cfg.rl.steps, step, "rl", info)
+    dcfg = _decode(cfg, temperature=cfg.rl.temperature)
+    while step < cfg.rl.steps:
+        rng = random.Random(cfg.train.seed * 7919 + step)  # task draw depends only on the step (resume-safe)
+        tasks = [ids[rng.randrange(len(ids))] for _ in range(cfg.rl.tasks_per_step)]
+        model.eval()
+        with torch.no_grad(), autocast(cfg):
+            samples, rm = rollout(model, tok, cfg.env, dcfg, tasks, group_size=cfg.rl.group_size,
+                                  seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
+        model.train()
+        with autocast(cfg):
+            metrics = rl_step(model, opt, samples, cfg.rl, rank=info.rank, world=info.world,
+                              grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, step=step)
+        sch.step()
+        step += 1
+        rec = {"stage": "rl", "step": step, **{f"rollout/{k}": v for k, v in rm.items() if k != "episodes"},
+               **metrics}
+        log.log(rec)
+        bar.set_postfix(succ=f"{rm['success']:.2f}", valid=f"{rm['valid_ratio']:.2f}")
+        bar.update(1)
+        dump(cfg, info, tok, samples, "rl", step)
+        maybe_save(cfg, model, opt, sch, "rl", step, cfg.rl.steps)
+    bar.close()
+
+
+def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
+    from d3mini.distill import distill_step
+    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
+    step = resume_into(cfg, model, opt, sch, start)
+    bar = progress(cfg.distill.steps, step, "distill", info)
+    dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)
+    samples = []
+    while step < cfg.distill.steps:
+        t0 = time.time()
+        if not samples or step % cfg.distill.rollouts_every == 0:
+            rng = random.Random(cfg.train.seed * 104729 + step)
+            tasks = [ids[rng.randrange(len(ids))] for _ in range(cfg.distill.tasks_per_step)]
+            model.eval()
+            with torch.no_grad(), autocast(cfg):
+                samples, rm = rollout(model, tok, cfg.env, dcfg, tasks, group_size=cfg.distill.group_size,
+                                      seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
+            model.train()
+        mine = samples[info.rank::info.world]
+        with autocast(cfg):
+            metrics = distill_step(model, opt, mine, cfg.distill, progress=step / max(cfg.distill.steps - 1, 1),
+                                   gen=torch.Generator().manual_seed(cfg.train.seed * 31 + step + info.rank))
+        sch.step()
+        step += 1
+        rec = {"stage": "distill", "step": step, "rollout/success": rm["success"],
+               "rollout/tpf_denoise": rm["tpf_denoise"], "time": time.time() - t0,
+               **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        log.log(rec)
+        bar.set_postfix(succ=f"{rm['success']:.2f}", tpf=f"{rm['tpf_denoise']:.2f}")
+        bar.update(1)
+        dump(cfg, info, tok, samples, "distill", step)
+        maybe_save(cfg, model, opt, sch, "distill", step, cfg.distill.steps)
+    bar.close()
+
+
+STAGES = {"sft": sft_stage, "rl": rl_stage, "distill": distill_stage}
+
+
+# ----------------------------------------------------------------------------- helpers
+def _decode(cfg, **kw):
+    from dataclasses import replace
+    return replace(cfg.decode, **kw)
+
+
+def progress(total, start, desc, info):
+    from tqdm import tqdm
+    return tqdm(total=total, initial=start, desc=desc, disable=not info.is_main, dynamic_ncols=True)
+
+
+def dump(cfg, info, tok, samples, stage, step):
+    if info.is_main and cfg.train.dump_every and step % cfg.train.dump_every == 0:
+        d = os.path.join(cfg.train.out_dir, "rollouts")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"{stage}_{step:06d}.txt"), "w") as f:
+            f.write(format_samples(samples, tok, limit=8))
+
+
+_STATE = {"stage_index": 0}
+
+
+def maybe_save(cfg, model, opt, sch, stage, step, total):
+    if step % cfg.train.save_every == 0 or step == total:
+        dist.save(os.path.join(cfg.train.out_dir, "ckpt"), _STATE["global"] + step, model, opt, sch,
+                  extra={"stage": stage, "stage_index": _STATE["stage_index"], "stage_step": step,
+                         "done": step == total}, keep=cfg.train.keep_checkpoints)
+
+
+def resume_into(cfg, model, opt, sch, start) -> int:
+    """Restore model/optimizer/scheduler/RNG when resuming inside this stage; returns the stage step."""
+    if start is None:
+        return 0
+    extra = dist.load(start, model, opt, sch)
+    return int(extra["stage_step"])
+
+
+def peek_checkpoint(cfg):
+    """(folder, extra) of the latest intact checkpoint, or (None, None)."""
+    root = os.path.join(cfg.train.out_dir, "ckpt")
+    ck = dist.latest_checkpoint(root) if os.path.isdir(root) else None
+    if ck is None:
+        return None, None
+    with open(os.path.join(ck, "state.json")) as f:
+        return ck, json.load(f)["extra"]
+
+
+def run_eval(cfg, model, tok, stage, info, log):
+    from d3mini.metrics import evaluate
+    model.eval()
+    with torch.no_grad(), autocast(cfg):
+        taus = sorted(set(cfg.eval.thresholds) | set(cfg.eval.sweep), reverse=True)
+        rows = evaluate(model, tok, cfg, taus, cfg.eval.split, cfg.eval.num_tasks)
+    model.train()
+    for r in rows:
+        log.log({"stage": f"eval/{stage}", **{k: v for k, v in r.items() if isinstance(v, (int, float))}})
+    return rows
+
+
+def write_results(cfg, results: dict, info, wall: float, cmd: str):
+    if not info.is_main:
+        return
+    from d3mini.metrics import results_table
+    md = results_table(results, cfg, wall=wall, command=cmd)
+    with open(os.path.join(cfg.train.out_dir, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(cfg.train.out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    print(md)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    cfg, cfg_path, resume = parse_args(argv)
+    info = dist.setup(cfg.train.threads)
+    check_startup(cfg, info)
+    os.makedirs(cfg.train.out_dir, exist_ok=True)
+    seed_all(cfg.train.seed)
+    t_start = time.time()
+    tok = build_tokenizer(cfg, info)
+    model = build_model(cfg, tok, info)
+    if info.is_main:
+        save_config(cfg, os.path.join(cfg.train.out_dir, "config.yaml"))
+        print(f"model: {cfg.model.family} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+              f"world {info.world}, device {info.device}")
+    log = Logger(cfg, info)
+    ck, extra = peek_checkpoint(cfg) if resume else (None, None)
+    results_path = os.path.join(cfg.train.out_dir, "results.json")
+    results = json.load(open(results_path)) if resume and os.path.exists(results_path) else {}
+    cur, done = -1, False
+    if ck is not None:  # resume: weights as of the latest intact checkpoint
+        dist.load(ck, model)
+        cur, done = int(extra["stage_index"]), bool(extra.get("done"))
+        dist.print0(f"resuming from {ck} (stage {extra['stage']}, step {extra['stage_step']})")
+    for si, stage in enumerate(cfg.train.stages):
+        _STATE["stage_index"], _STATE["global"] = si, 100000 * si  # checkpoint folders sort by stage, step
+        if si > cur or (si == cur and not done):
+            STAGES[stage](cfg, model, tok, info, log, ck if si == cur else None, extra)
+        if stage not in results:
+            results[stage] = run_eval(cfg, model, tok, stage, info, log)
+            if info.is_main:
+                with open(results_path, "w") as f:
+                    json.dump(results, f, indent=2, default=str)
+    dist.export_hf(model, tok, os.path.join(cfg.train.out_dir, "export"), layout="native")
+    write_results(cfg, results, info, time.time() - t_start, "python train.py " + " ".join(argv))
+    dist.teardown()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ConfigError, FloatingPointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
