@@ -168,8 +168,27 @@ def finite_or_raise(loss, where: str):
 
 
 # ----------------------------------------------------------------------------- stages
+def sft_loss(model, batch, gen, info, norm):
+    """The family's masked-diffusion SFT loss (rl.masked_loss) on this rank's rows of a global batch.
+    Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
+    global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
+    from d3mini.rl import batch_tokens, corrupt_iid, masked_loss
+    b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
+                     next(model.parameters()).device)
+    masked, p = (None, None) if model.cfg.family == "qwen3" else corrupt_iid(b, gen)
+    idx = list(range(info.rank, len(batch), info.world))
+    sb = b.select(idx)
+    sm = None if masked is None else masked[idx][:, : sb.ids.shape[1]]
+    sp = None if p is None else p[idx]
+    loss, stats = masked_loss(model, sb, sm, sp, norm)
+    if norm == "tokens":
+        loss = loss * sb.resp_len.sum() / b.resp_len.sum()
+    else:
+        loss = loss * len(idx) / len(batch)
+    return loss, stats
+
+
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
-    from d3mini.rl import diffusion_loss
     ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
     rng = random.Random(cfg.train.seed)
     ids = [ids[rng.randrange(len(ids))] for _ in range(cfg.sft.episodes)] if len(ids) < cfg.sft.episodes \
@@ -184,12 +203,9 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     while step < cfg.sft.steps:
         t0 = time.time()
         batch = [data[i % len(data)] for i in order[step * B:(step + 1) * B]]
-        mine = batch[info.rank::info.world]
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
-        denom = sum(len(s.response_ids) for s in batch)  # global token count
         with autocast(cfg):
-            loss, stats = diffusion_loss(model, [s.prompt_ids for s in mine], [s.response_ids for s in mine],
-                                         gen, denom=denom, sample_ids=list(range(info.rank, B, info.world)))
+            loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm)
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
@@ -213,6 +229,10 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.rl.steps, step, "rl", info)
     dcfg = _decode(cfg, temperature=cfg.rl.temperature)
+    ref = None
+    if cfg.rl.kl != "none":  # explicit-KL baseline: a frozen copy of the policy at the start of RL
+        import copy
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
     while step < cfg.rl.steps:
         rng = random.Random(cfg.train.seed * 7919 + step)  # task draw depends only on the step (resume-safe)
         tasks = [ids[rng.randrange(len(ids))] for _ in range(cfg.rl.tasks_per_step)]
@@ -221,9 +241,14 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
             samples, rm = rollout(model, tok, cfg.env, dcfg, tasks, group_size=cfg.rl.group_size,
                                   seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
         model.train()
+        samples = samples[: len(samples) - len(samples) % info.world]  # every rank trains an equal slice
+        if not samples:
+            raise FloatingPointError(f"rl step {step}: the rollout produced no usable step samples "
+                                     f"({rm['failed_episodes']} failed episodes)")
         with autocast(cfg):
-            metrics = rl_step(model, opt, samples, cfg.rl, rank=info.rank, world=info.world,
-                              grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, step=step)
+            metrics = rl_step(model, opt, samples, cfg.rl, ref_model=ref, rollout_metrics=rm, rank=info.rank,
+                              world=info.world, grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm,
+                              step=step)
         sch.step()
         step += 1
         rec = {"stage": "rl", "step": step, **{f"rollout/{k}": v for k, v in rm.items() if k != "episodes"},

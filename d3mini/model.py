@@ -175,24 +175,31 @@ def family_mask(family: str, block_size: int, q_pos, k_pos):
     return (kp // block_size <= qp // block_size)[:, None]
 
 
-def bd_training_mask(lengths: torch.Tensor, n: int, block_size: int):
+def bd_training_mask(lengths: torch.Tensor, n: int, block_size: int, noisy_start: int = 0):
     """SDAR's [noisy | clean] training mask (reference/models.md §2.7) for rows padded to n.
 
-    lengths [B] valid tokens per row -> bool [B, 1, 2n, 2n]. Noisy block b sees noisy block b and clean
-    blocks < b; clean block b sees clean blocks <= b; clean never sees noisy. Padded keys are hidden;
-    every query sees itself so padded rows never produce NaN. Both halves use positions 0..n-1.
+    lengths [B] valid tokens per row -> bool [B, 1, m + n, m + n] with m = n - noisy_start. Noisy block b
+    sees noisy block b and clean blocks < b; clean block b sees clean blocks <= b; clean never sees noisy.
+    The noisy copy may start at a block boundary `noisy_start` (positions noisy_start..n-1): nothing
+    attends to the noisy copy of earlier blocks, so when those hold only prompt tokens they can be left
+    out exactly, which roughly halves a long-prompt forward. Padded keys are hidden; every query sees
+    itself so padded rows never produce NaN. Positions: noisy_start..n-1 for the noisy copy, 0..n-1 clean.
     """
+    if noisy_start % block_size:
+        raise ValueError(f"noisy_start = {noisy_start} must be a multiple of block_size = {block_size}")
     dev = lengths.device
-    i = torch.arange(2 * n, device=dev)
-    noisy = i < n
-    blk = (i % n) // block_size
+    m = n - noisy_start
+    i = torch.arange(m + n, device=dev)
+    noisy = i < m
+    pos = torch.where(noisy, i + noisy_start, i - m)  # absolute position of every input row
+    blk = pos // block_size
     qn, kn = noisy[:, None], noisy[None, :]
     qb, kb = blk[:, None], blk[None, :]
-    m = ((qb == kb) & (qn == kn)) | (qn & ~kn & (kb < qb)) | (~qn & ~kn & (kb <= qb))  # [2n, 2n]
-    valid = (i % n)[None, :] < lengths[:, None]  # [B, 2n] key is a real token
-    m = m[None] & valid[:, None, :]
-    m = m | torch.eye(2 * n, dtype=torch.bool, device=dev)[None]
-    return m[:, None]
+    mask = ((qb == kb) & (qn == kn)) | (qn & ~kn & (kb < qb)) | (~qn & ~kn & (kb <= qb))
+    valid = pos[None, :] < lengths[:, None]  # [B, m + n] key is a real token
+    mask = mask[None] & valid[:, None, :]
+    mask = mask | torch.eye(m + n, dtype=torch.bool, device=dev)[None]
+    return mask[:, None]
 
 
 def padding_mask(family: str, block_size: int, lengths: torch.Tensor, n: int):

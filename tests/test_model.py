@@ -290,3 +290,22 @@ def test_meta_init_and_tying():
     assert m.lm_head.weight is m.model.embed_tokens.weight
     assert all(torch.isfinite(p).all() for p in m.parameters())
     assert not any(p.is_meta for p in m.parameters())
+
+
+def test_bd_mask_trimmed_noisy_copy_is_exact():
+    """Leaving out the noisy copy of prompt-only blocks changes no scored logit."""
+    cfg = tiny_cfg("sdar", block=4)
+    m = ours(cfg)
+    n = 14
+    clean = torch.randint(4, 128, (2, n))
+    noisy = clean.clone()
+    noisy[:, [9, 10, 12]] = cfg.mask_id
+    lens = torch.tensor([n, 13])
+    pos = torch.arange(n)
+    with torch.no_grad():
+        full = m(torch.cat([noisy, clean], 1), torch.cat([pos, pos]), attn=bd_training_mask(lens, n, 4))
+        trim = m(torch.cat([noisy[:, 8:], clean], 1), torch.cat([pos[8:], pos]),
+                 attn=bd_training_mask(lens, n, 4, noisy_start=8))
+    assert (full[:, 8:n] - trim[:, : n - 8]).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        bd_training_mask(lens, n, 4, noisy_start=6)

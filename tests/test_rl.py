@@ -1,0 +1,331 @@
+"""d3mini.rl against references: exact enumeration on a toy model for the estimators, naive
+unpadded forwards for the SFT loss and AR scoring, hand-computed values for rewards, advantages
+and losses, and a few real updates on a tiny DiffusionLM."""
+import copy
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from estimators import Toy, estimates, toy_model  # noqa: E402
+
+from d3mini import rl  # noqa: E402
+from d3mini.config import ModelConfig  # noqa: E402
+from d3mini.model import DiffusionLM  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@dataclass
+class StepSample:  # the fields rl_step reads (DESIGN.md §3)
+    prompt_ids: list
+    response_ids: list
+    reward: float
+    group_id: int = 0
+    episode_id: int = 0
+    step: int = 0
+    valid: bool = True
+    action: str = ""
+    trace: list = field(default_factory=list)
+
+
+def tiny(family="sdar", seed=0, block=4):
+    cfg = ModelConfig(family=family, vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=16, qk_norm=family != "llada", block_size=block,
+                      mask_id=3, eos_ids=[2], pad_id=0, init_std=0.1)
+    torch.manual_seed(seed)
+    return DiffusionLM.from_config(cfg)
+
+
+@torch.no_grad()
+def ar_logp_naive(model, prompt, resp):
+    """Sum of log p(y_k | prompt, y_<k), one unpadded prefix forward per token."""
+    total = 0.0
+    for k, t in enumerate(resp):
+        x = torch.tensor([prompt + resp[:k]])
+        total += float(model(x)[0, -1].float().log_softmax(-1)[t])
+    return total
+
+
+# ----------------------------------------------------------------------------- batches, SFT loss
+def test_batch_tokens_right_padded():
+    b = rl.batch_tokens([[5, 6], [7]], [[8, 2], [9, 10, 2]], pad_id=0)
+    assert b.ids.tolist() == [[5, 6, 8, 2], [7, 9, 10, 2]]
+    b = rl.batch_tokens([[5, 6, 7], [7]], [[8, 2], [9, 2]], pad_id=0)
+    assert b.ids.tolist() == [[5, 6, 7, 8, 2], [7, 9, 2, 0, 0]]
+    assert b.resp.tolist() == [[False, False, False, True, True], [False, True, True, False, False]]
+    with pytest.raises(ValueError, match="empty response"):
+        rl.batch_tokens([[1]], [[]], 0)
+
+
+def test_corrupt_iid_masks_only_responses_and_at_least_one():
+    b = rl.batch_tokens([[5, 6, 7]] * 64, [[8, 2]] * 64, 0)
+    masked, p = rl.corrupt_iid(b, torch.Generator().manual_seed(0))
+    assert (masked <= b.resp).all() and masked.any(1).all()
+    assert ((p >= rl.SDAR_EPS) & (p <= 1)).all()
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada", "qwen3"])
+@pytest.mark.parametrize("norm", ["tokens", "samples"])
+def test_diffusion_loss_matches_unpadded_reference(family, norm):
+    model = tiny(family, block=2)
+    prompts, resps = [[5, 6, 7], [8], [9, 10]], [[11, 12, 2], [13, 14, 15, 2], [12, 2]]
+    gen = torch.Generator().manual_seed(3)
+    b = rl.batch_tokens(prompts, resps, 0)
+    masked, p = (None, None) if family == "qwen3" else rl.corrupt_iid(b, torch.Generator().manual_seed(3))
+    loss, stats = rl.diffusion_loss(model, prompts, resps, gen, norm=norm)
+    per = []
+    for i, (q, y) in enumerate(zip(prompts, resps)):
+        if family == "qwen3":
+            per.append(-ar_logp_naive(model, q, y))
+        else:  # inference-style conditionals of the masked tokens, one sequence, no padding
+            M = frozenset(k for k in range(len(y)) if masked[i, len(q) + k])
+            per.append(-sum(Toy(model, q, y).cond(M).values()) / float(p[i]))
+    n = [len(y) for y in resps]
+    ref = sum(per) / sum(n) if norm == "tokens" else sum(x / m for x, m in zip(per, n)) / len(n)
+    assert abs(float(loss.detach()) - ref) < 1e-4 * max(1.0, abs(ref))
+    loss.backward()
+    assert stats["tokens"] == sum(n)
+
+
+def test_ar_scoring_matches_prefix_forwards():
+    model = tiny("qwen3")
+    prompts, resps = [[5, 6, 7], [8]], [[11, 2], [13, 14, 2]]
+    b = rl.batch_tokens(prompts, resps, 0)
+    md = rl.draw_masks(b, "none", 1, [(0,), (1,)])
+    with torch.no_grad():
+        est = rl.seq_logp(model, b, "ar", md)
+    for i, (q, y) in enumerate(zip(prompts, resps)):
+        assert abs(float(est.seq[i]) * len(y) - ar_logp_naive(model, q, y)) < 1e-5
+
+
+# ----------------------------------------------------------------------------- estimators (exact enumeration)
+PROMPT, RESP = [1, 0, 2], [1, 2, 0, 2]
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_elbo_below_exact_loglik(family):
+    for seed in range(3):
+        for resp in ([1, 2, 0, 2], [0, 0, 1], [2, 1]):
+            toy = Toy(toy_model(family, seed), PROMPT, resp)
+            assert toy.elbo() <= toy.exact() + 1e-9
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+@pytest.mark.parametrize("scheme,draws,p_prompt", [("stratified", 1, 0.0), ("stratified", 2, 0.0),
+                                                    ("coupled", 1, 0.0), ("sdmc", 3, 0.0),
+                                                    ("mean_field", 1, 0.0), ("mean_field", 1, 0.15)])
+def test_estimator_mean_matches_analytic(family, scheme, draws, p_prompt):
+    model = toy_model(family, 0)
+    toy = Toy(model, PROMPT, RESP)
+    est = "mean_field" if scheme == "mean_field" else rl.FAMILY_ESTIMATOR[family]
+    x = estimates(model, PROMPT, RESP, est, scheme, draws, 3000, p_prompt)
+    target = {"sdmc": lambda: toy.sdmc_expectation(draws), "mean_field": lambda: toy.mean_field(p_prompt)}.get(
+        scheme, toy.elbo)()
+    se = float(x.std()) / math.sqrt(len(x))
+    assert abs(float(x.mean()) - target) <= 4 * se + 1e-6, (float(x.mean()), target, se)
+
+
+def test_mask_draws_are_keyed_and_schemes_are_well_formed():
+    b = rl.batch_tokens([[5, 6]] * 3, [[7, 8, 9, 2], [7, 2], [9, 9, 9, 9, 2]], 0)
+    keys = [(0, 0, e, 0, 0) for e in range(3)]
+    a, a2 = rl.draw_masks(b, "stratified", 4, keys), rl.draw_masks(b, "stratified", 4, keys)
+    assert torch.equal(a.masked, a2.masked) and torch.equal(a.weight, a2.weight)
+    sub = rl.draw_masks(b.select([2]), "stratified", 4, keys[2:])  # a sample's draws ignore its batch position
+    assert torch.equal(sub.masked[0], a.masked[2, :, : sub.masked.shape[2]])
+    other = rl.draw_masks(b, "stratified", 4, [k[:-1] + (1,) for k in keys])
+    assert not torch.equal(a.masked, other.masked)
+    assert (a.masked <= b.resp[:, None]).all() and a.masked.any(-1).all()
+    c = rl.draw_masks(b, "coupled", 2, keys)
+    pair = c.masked.view(3, 2, 2, -1)  # [B, D, 2, n]: each draw and its complement cover the response once
+    assert torch.equal(pair[:, :, 0] ^ pair[:, :, 1], b.resp[:, None].expand(-1, 2, -1))
+    assert ((c.weight > 0) == c.masked).all()
+
+
+# ----------------------------------------------------------------------------- rewards, advantages
+def test_gating_modes():
+    r, v = [1.0, 1.0, 0.0, 0.5], [True, False, False, True]
+    assert rl.gate_rewards(r, v, "gate").tolist() == [1.0, 0.0, 0.0, 0.5]
+    assert rl.gate_rewards(r, v, "penalty", 0.1).tolist() == pytest.approx([1.0, 0.9, -0.1, 0.5])
+    assert rl.gate_rewards(r, v, "none").tolist() == r
+    with pytest.raises(ValueError, match="non-finite"):
+        rl.gate_rewards([float("nan")], [True])
+
+
+def test_group_advantages_by_hand():
+    r, g = [1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 2.0], ["a", "a", "a", "a", "s", "b", "b"]
+    adv, zero = rl.advantages(r, g, "grpo")
+    std = math.sqrt(4 * 0.25 / 3)  # unbiased std of [1, 0, 0, 1]
+    assert adv.tolist() == pytest.approx([0.5 / (std + 1e-6), -0.5 / (std + 1e-6)] * 1 + [-0.5 / (std + 1e-6),
+                                         0.5 / (std + 1e-6), 0.5, 0.0, 0.0], rel=1e-6)
+    assert zero == pytest.approx(1 / 3)
+    assert rl.advantages(r, g, "mean")[0].tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.5, 0, 0])
+    assert rl.advantages(r, g, "loo")[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.5, 0, 0])
+
+
+# ----------------------------------------------------------------------------- losses by hand
+def _est(tok, draw, ent):
+    tok = torch.tensor(tok)
+    return rl.Est(tok, torch.tensor(draw), torch.tensor(ent), torch.ones_like(tok, dtype=torch.bool))
+
+
+CUR = _est([[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]], [[-1.2, -1.0], [-0.7, -0.9]], [0.5, 0.2])
+OLD = _est([[-1.1, -0.5, -1.2], [-0.3, -1.0, -1.9]], [[-1.0, -1.0], [-1.2, -1.1]], [0.0, 0.0])
+REF = _est([[-0.9, -0.6, -2.0], [-0.5, -1.2, -0.6]], [[-1.1, -1.3], [-0.7, -0.7]], [0.0, 0.0])
+ADV = [1.0, -0.5]
+
+
+def _ppo(r, a, lo, hi, dual=0.0):
+    loss = max(-a * r, -a * min(max(r, 1 - lo), 1 + hi))
+    return min(loss, -a * dual) if dual and a < 0 else loss
+
+
+def _hand(algo, cfg):
+    seq = lambda e, i: sum(e.draw[i].tolist()) / 2
+    out = []
+    for i, a in enumerate(ADV):
+        cs, os_, rs = seq(CUR, i), seq(OLD, i), seq(REF, i)
+        r = math.exp(cs - os_)
+        if algo == "d3llm_v2":
+            v = -a * min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high)
+            v += cfg.entropy_coef * max(0.0, cfg.entropy_floor - float(CUR.ent[i])) + cfg.kl_coef * 0.5 * (cs - rs) ** 2
+        elif algo in ("d1", "grpo"):
+            v = 0.0
+            for c, o, f in zip(CUR.tok[i].tolist(), OLD.tok[i].tolist(), REF.tok[i].tolist()):
+                dual = cfg.dual_clip if algo == "grpo" else 0.0
+                v += _ppo(math.exp(c - o), a, cfg.clip_low, cfg.clip_high, dual)
+                v += cfg.kl_coef * (math.exp(f - c) - (f - c) - 1)
+        elif algo == "espo":
+            v = _ppo(r, a, cfg.clip_low, cfg.clip_high) + cfg.kl_coef * 0.5 * (3 * (cs - rs)) ** 2 / 3
+        elif algo == "bgpo":
+            ds = [c - o for c, o in zip(CUR.draw[i].tolist(), OLD.draw[i].tolist())]
+            v = sum(_ppo(1 + d if a > 0 else math.exp(d), a, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+                    for d in ds) / len(ds)
+        elif algo == "gdpo":
+            v = _ppo(r, a, cfg.clip_low, cfg.clip_high)
+        out.append(v)
+    return out
+
+
+@pytest.mark.parametrize("algo", list(rl.LOSSES))
+def test_losses_match_hand_computed(algo):
+    over = dict(entropy_coef=0.5, entropy_floor=0.4, kl="k2", kl_coef=0.1) if algo == "d3llm_v2" else {}
+    cfg = rl.rl_config(algo, **over)
+    ref = REF if cfg.kl != "none" else None
+    per, ratio, kl = rl.LOSSES[algo](CUR, OLD, ref, torch.tensor(ADV), cfg)
+    assert per.tolist() == pytest.approx(_hand(algo, cfg), rel=1e-5)
+    lo, hi = 1 - cfg.clip_low, 1 + cfg.clip_high
+    if algo in ("d3llm_v2", "grpo"):  # these toy values hit the bound / the dual clip
+        assert bool(((ratio < lo) | (ratio > hi)).any())
+
+
+# ----------------------------------------------------------------------------- rl_step on a tiny model
+def group(prompt=(5, 6, 7), n=4, rewarded=0):
+    resps = [[8, 9, 2], [9, 8, 2], [10, 11, 2], [11, 10, 2]][:n]
+    return [StepSample(list(prompt), r, float(i == rewarded), group_id=0, episode_id=i) for i, r in enumerate(resps)]
+
+
+def exact_logp(model, prompt, resp):
+    if model.cfg.family == "qwen3":
+        return ar_logp_naive(model, prompt, resp)
+    return Toy(model, prompt, resp).exact()
+
+
+FAST = dict(epochs=2, minibatch=4, micro_batch=2)
+
+
+@pytest.mark.parametrize("algo", list(rl.LOSSES))
+def test_rl_step_raises_rewarded_response(algo):
+    family = "qwen3" if algo == "grpo" else "sdar"
+    model = tiny(family)
+    ref_model = copy.deepcopy(model)
+    over = dict(FAST, mc_samples=min(rl.rl_config(algo).mc_samples, 4))
+    cfg = rl.rl_config(algo, **over)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    samples = group()
+    before = [exact_logp(model, s.prompt_ids, s.response_ids) for s in samples]
+    for it in range(3):
+        m = rl.rl_step(model, opt, samples, cfg, ref_model=ref_model if cfg.kl != "none" else None, step=it)
+        assert m["noise0"] < 1e-5 and math.isfinite(m["loss"])
+    after = [exact_logp(model, s.prompt_ids, s.response_ids) for s in samples]
+    assert after[0] > before[0] + 0.05, (before, after)
+    assert after[0] - before[0] > max(a - b for a, b in zip(after[1:], before[1:]))
+    for key in ("reward/mean", "success", "valid_ratio", "frac_reward_zero_std", "clip/low", "clip/high",
+                "ratio/p1", "ratio/p50", "ratio/p99", "entropy", "grad_norm", "resp_len", "time/update"):
+        assert key in m
+
+
+@pytest.mark.parametrize("algo", list(rl.LOSSES))
+def test_zero_advantage_zero_gradient(algo):
+    model = tiny("qwen3" if algo == "grpo" else "sdar")
+    before = copy.deepcopy(model.state_dict())
+    cfg = rl.rl_config(algo, kl="none", **FAST)
+    resps = [[8, 2], [9, 9, 2], [10, 2]]
+    samples = [StepSample([5, 6, 7], r, 1.0, episode_id=i) for i, r in enumerate(resps)]
+    m = rl.rl_step(model, torch.optim.Adam(model.parameters(), lr=1e-2), samples, cfg)
+    assert m["grad_norm_max"] == 0.0 and m["frac_reward_zero_std"] == 1.0
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_old_and_current_share_draws_ratio_exactly_one():
+    model = tiny("sdar")
+    b = rl.batch_tokens([[5, 6, 7], [5]], [[8, 9, 2], [10, 11, 12, 2]], 0)
+    for est, scheme in (("sdar_block", "stratified"), ("sdar_block", "coupled"), ("mean_field", "mean_field")):
+        md = rl.draw_masks(b, scheme, 2, [(0, 0, 0, 0, 0), (0, 0, 1, 0, 0)], 0.15)
+        with torch.no_grad():
+            old = rl.seq_logp(model, b, est, md)
+        cur = rl.seq_logp(model, b, est, md)
+        assert torch.equal(cur.draw.detach(), old.draw) and torch.equal(cur.tok.detach(), old.tok)
+
+
+@pytest.mark.parametrize("algo", ["d3llm_v2", "d1"])
+def test_micro_batching_keeps_the_global_normalisation(algo):
+    grads = []
+    for micro in (1, 4):
+        model = tiny("sdar")
+        cfg = rl.rl_config(algo, kl="none", epochs=1, minibatch=4, micro_batch=micro)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        rl.rl_step(model, opt, group(), cfg, grad_clip=0.0)
+        grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
+    assert grads[0].abs().max() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("algo", ["d3llm_v2", "grpo"])
+def test_rank_split_gradients_sum_to_one_process(algo):
+    family = "qwen3" if algo == "grpo" else "sdar"
+    deltas = []
+    for rank, world in ((0, 1), (0, 2), (1, 2)):
+        model = tiny(family)
+        cfg = rl.rl_config(algo, kl="none", epochs=1, minibatch=4, micro_batch=1)
+        before = [p.detach().clone() for p in model.parameters()]
+        rl.rl_step(model, torch.optim.SGD(model.parameters(), lr=1.0), group(), cfg, grad_clip=0.0,
+                   rank=rank, world=world)
+        deltas.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
+    assert torch.allclose(deltas[1] + deltas[2], deltas[0], atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="divisible by the world size"):
+        rl.rl_step(tiny(family), torch.optim.SGD(tiny(family).parameters(), lr=1.0), group(n=3), cfg, world=2)
+
+
+def test_rollout_old_logp_and_config_errors():
+    model = tiny("qwen3")
+    samples = group()
+    old = []
+    with torch.no_grad():
+        for s in samples:
+            x = torch.tensor([s.prompt_ids + s.response_ids])
+            lsm = model(x)[0].log_softmax(-1)
+            P = len(s.prompt_ids)
+            old.append([float(lsm[P + k - 1, t]) for k, t in enumerate(s.response_ids)])
+    cfg = rl.rl_config("grpo", kl="none", **FAST)
+    m = rl.rl_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), samples, cfg, old_logp=old)
+    assert m["noise0"] < 1e-5 and "fwd_rows/old" not in m
+    with pytest.raises(ValueError, match="needs ref_model"):
+        rl.rl_step(model, torch.optim.Adam(model.parameters()), samples, rl.rl_config("grpo"))
+    with pytest.raises(ValueError, match="does not fit model.family"):
+        rl.rl_step(tiny("sdar"), torch.optim.Adam(model.parameters()), samples, rl.rl_config("grpo", kl="none"))
