@@ -1,0 +1,68 @@
+"""Config loading: YAML overrides, dotted CLI overrides, clear errors naming key and file, save."""
+import json
+import os
+
+import pytest
+import yaml
+
+from d3mini.config import Config, ConfigError, from_dict, load_config, save_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_yaml_and_cli_overrides(tmp_path):
+    p = write(tmp_path, "rl: {lr: 1.0e-5, algo: espo}\nmodel: {family: llada}\n")
+    c = load_config(p, ["--rl.lr", "1e-6", "decode.threshold=0.9", "train.stages=[sft]", "--env.data_dir", "/x"])
+    assert c.rl.lr == 1e-6 and c.rl.algo == "espo" and c.model.family == "llada"
+    assert c.decode.threshold == 0.9 and c.train.stages == ["sft"] and c.env.data_dir == "/x"
+    assert Config().rl.lr != 1e-6  # defaults untouched
+
+
+@pytest.mark.parametrize("text,match", [
+    ("rl: {lrr: 1}\n", r"c\.yaml: unknown key 'rl\.lrr'"),
+    ("nosuch: {a: 1}\n", r"unknown key 'nosuch'"),
+    ("rl: {lr: fast}\n", r"c\.yaml: rl\.lr: expected a number"),
+    ("rl: {steps: 1.5}\n", r"rl\.steps: expected an integer"),
+    ("rl: {algo: ppo9}\n", r"rl\.algo = 'ppo9': must be one of"),
+    ("decode: {threshold: 1.5}\n", r"decode\.threshold"),
+    ("model: {num_heads: 4, num_kv_heads: 3}\n", r"model\.num_kv_heads.*divide"),
+    ("model: {mask_id: 2}\n", r"model\.mask_id"),
+    ("train: {stages: [sft, pretrain]}\n", r"unknown stage 'pretrain'"),
+    ("rl: [1, 2]\n", r"rl: expected a mapping"),
+    ("rl: {lr: [\n", r"not valid YAML"),
+])
+def test_errors_name_key_and_file(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(write(tmp_path, text))
+
+
+def test_cli_errors():
+    with pytest.raises(ConfigError, match=r"cli: unknown key 'rl\.nope'"):
+        load_config(None, ["rl.nope=1"])
+    with pytest.raises(ConfigError, match=r"--rl\.lr needs a value"):
+        load_config(None, ["--rl.lr"])
+    with pytest.raises(ConfigError, match="cannot parse override"):
+        load_config(None, ["rl.lr"])
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("/nonexistent.yaml")
+
+
+def test_save_roundtrip(tmp_path):
+    c = load_config(None, ["rl.kl=k3", "model.block_size=8", "decode.block_size=8"])
+    for name in ("c.yaml", "c.json"):
+        save_config(c, str(tmp_path / name))
+        data = yaml.safe_load(open(tmp_path / name)) if name.endswith("yaml") else json.load(open(tmp_path / name))
+        assert from_dict(data) == c
+
+
+def test_shipped_configs_load():
+    for f in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        c = load_config(os.path.join(ROOT, "configs", f))
+        if c.model.family == "sdar":
+            assert c.decode.block_size == c.model.block_size
