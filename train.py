@@ -347,21 +347,58 @@ def peek_checkpoint(cfg):
 
 
 def run_eval(cfg, model, tok, stage, info, log):
-    from d3mini.metrics import evaluate
+    """Greedy held-out rollouts at every threshold of eval.thresholds and eval.sweep."""
+    ids = env_module(cfg.env.name).task_ids(cfg.env, cfg.eval.split)[: cfg.eval.num_tasks]
+    rows = []
     model.eval()
-    with torch.no_grad(), autocast(cfg):
-        taus = sorted(set(cfg.eval.thresholds) | set(cfg.eval.sweep), reverse=True)
-        rows = evaluate(model, tok, cfg, taus, cfg.eval.split, cfg.eval.num_tasks)
+    for tau in sorted(set(cfg.eval.thresholds) | set(cfg.eval.sweep), reverse=True):
+        with torch.no_grad(), autocast(cfg):
+            _, m = rollout(model, tok, cfg.env, _decode(cfg, threshold=float(tau), temperature=0.0), ids,
+                           seed=cfg.train.seed, batch_size=cfg.eval.batch_episodes)
+        row = {"threshold": float(tau), **{k: v for k, v in m.items() if k != "episodes"}}
+        rows.append(row)
+        log.log({"stage": f"eval/{stage}", **row})
+        dist.print0(f"eval {stage} tau={tau}: success {m['success']:.3f} score {m['score']:.3f} "
+                    f"valid {m['valid_ratio']:.3f} tpf {m['tpf_denoise']:.2f}")
     model.train()
-    for r in rows:
-        log.log({"stage": f"eval/{stage}", **{k: v for k, v in r.items() if isinstance(v, (int, float))}})
     return rows
+
+
+def results_table(results: dict, cfg, wall: float, command: str) -> str:
+    """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown."""
+    import platform
+    import subprocess
+    from d3mini.metrics import aup
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    rows = ["| stage | success % (± s.e.) | score | valid | TPF @0.95 | TPF @1.0 | AUP |", "|---|---|---|---|---|---|---|"]
+    all_acc = [100 * r["success"] for rs in results.values() for r in rs]
+    y_max = cfg.eval.y_max if cfg.eval.y_max is not None else max(all_acc, default=0.0)
+    for stage, rs in results.items():
+        by = {float(r["threshold"]): r for r in rs}
+        ref = by.get(0.95) or by.get(1.0) or rs[0]
+        n = max(int(ref.get("num_episodes", cfg.eval.num_tasks)), 1)
+        p = ref["success"]
+        se = 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
+        pts = [(r["tpf_denoise"], 100 * r["success"]) for r in rs]
+        a = aup(pts, alpha=cfg.eval.alpha, y_max=y_max) if pts else float("nan")
+        tpf = lambda t: f"{by[t]['tpf_denoise']:.2f}" if t in by else "-"
+        rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {ref['score']:.3f} | {ref['valid_ratio']:.3f} | "
+                    f"{tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
+    head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} cpus, torch {torch.__version__}), commit {commit}, wall-clock {wall / 60:.1f} min\n"
+            f"command: `{command}`\nsuccess at tau 0.95 over {cfg.eval.num_tasks} held-out tasks; "
+            f"AUP over thresholds {sorted(set(cfg.eval.sweep) | set(cfg.eval.thresholds))} "
+            f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f})\n\n")
+    return head + "\n".join(rows) + "\n"
 
 
 def write_results(cfg, results: dict, info, wall: float, cmd: str):
     if not info.is_main:
         return
-    from d3mini.metrics import results_table
     md = results_table(results, cfg, wall=wall, command=cmd)
     with open(os.path.join(cfg.train.out_dir, "results.md"), "w") as f:
         f.write(md)

@@ -61,6 +61,7 @@ class _Episode:
     tokens: int = 0
     nfe_denoise: int = 0
     nfe_total: int = 0
+    tpf_tokens: int = 0                           # generated tokens without stop ids (metrics.md §1.2)
 
 
 def build_prompt(mod, tokenizer, ep: _Episode, env_cfg: EnvConfig, step: int, max_tokens: int) -> list:
@@ -113,12 +114,12 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
         if not active:
             break
         prompts = [build_prompt(mod, tokenizer, e, env_cfg, step, max_prompt_tokens) for e in active]
-        outs = []  # (response ids, text, trace, confidence, nfe_denoise, nfe_total)
+        outs = []  # (response ids, text, trace, confidence, nfe_denoise, nfe_total, tokens counted by TPF)
         if expert:
             for e in active:
                 text = mod.expert(e.env, rng)
                 ids = tokenizer.encode(text) + [tokenizer.eot_id]
-                outs.append((ids, text, None, None, 0, 0))
+                outs.append((ids, text, None, None, 0, 0, 0))
         else:
             td = time.time()
             for i in range(0, len(prompts), batch_size):
@@ -126,9 +127,9 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
                 res = generate(model, prompts[i:i + batch_size], dcfg, tokenizer)
                 for k in range(len(res.tokens)):
                     outs.append((res.tokens[k], res.text[k], res.trace[k], res.confidence[k],
-                                 res.nfe_denoise[k], res.nfe_total[k]))
+                                 res.nfe_denoise[k], res.nfe_total[k], res.n_generated[k] - int(res.stopped[k])))
             t_decode += time.time() - td
-        for e, p, (ids, text, tr, conf, nd, nt) in zip(active, prompts, outs):
+        for e, p, (ids, text, tr, conf, nd, nt, nc) in zip(active, prompts, outs):
             action, ok = mod.project(text)
             valid = is_action_valid(action, ok, e.admissible, env_cfg.require_admissible)
             e.samples.append(StepSample(prompt_ids=p, response_ids=list(ids), trace=tr, confidence=conf,
@@ -138,6 +139,7 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             e.tokens += len(ids)
             e.nfe_denoise += nd
             e.nfe_total += nt
+            e.tpf_tokens += nc
             try:
                 obs, reward, done, info = e.env.step(action)
             except EnvError as err:
@@ -175,8 +177,7 @@ def episode_metrics(eps: list, wall: float, t_decode: float) -> dict:
     steps = sum(len(e.samples) for e in ok)
     counted = sum(e.tokens for e in ok)
     nd, nt = sum(e.nfe_denoise for e in ok), sum(e.nfe_total for e in ok)
-    # TPF counts generated tokens without each response's stop id (metrics.md §1.2)
-    tpf_tokens = counted - steps
+    tpf_tokens = sum(e.tpf_tokens for e in ok)
     return {
         "episodes": [{"task_id": e.task_id, "group_id": e.group_id, "episode_id": e.episode_id, "won": e.won,
                       "score": e.score, "steps": len(e.samples), "valid": e.n_valid, "tokens": e.tokens,

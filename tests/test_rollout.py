@@ -1,0 +1,115 @@
+"""Agent rollouts: batched equals one by one at temperature 0; env failures are contained."""
+import dataclasses
+
+import pytest
+import torch
+
+from d3mini.config import Config, ModelConfig
+from d3mini.data import build_tiny_tokenizer
+from d3mini.envs import EnvError, make_env, task_ids
+from d3mini.envs.server import EnvClient, serve_in_thread
+from d3mini.model import DiffusionLM
+from d3mini.rollout import rollout
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = Config()
+    cfg.env = dataclasses.replace(cfg.env, num_products=40, num_goals=40, num_test_goals=10, max_steps=3)
+    ids = task_ids(cfg.env, "train")[:6]
+    boot = build_tiny_tokenizer(["x"], 300)
+    samples, m = rollout(None, boot, cfg.env, cfg.decode, ids, expert=True)
+    tok = build_tiny_tokenizer([boot.decode(s.prompt_ids) + s.text for s in samples], 320)
+    mc = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                     num_kv_heads=1, head_dim=16, block_size=4, mask_id=tok.mask_id, eos_ids=tok.stop_ids)
+    torch.manual_seed(0)
+    model = DiffusionLM.from_config(mc).eval()
+    dcfg = dataclasses.replace(cfg.decode, block_size=4, threshold=0.9, max_new_tokens=12)
+    return cfg, tok, model, dcfg, ids
+
+
+def test_expert_rollout_records_samples(setup):
+    cfg, tok, _, dcfg, ids = setup
+    samples, m = rollout(None, tok, cfg.env, dcfg, ids[:3], group_size=2, expert=True)
+    assert m["num_episodes"] == 6 and m["failed_episodes"] == 0
+    assert all(s.response_ids[-1] == tok.eot_id and s.valid for s in samples)
+    assert {s.group_id for s in samples} == {0, 1, 2}
+    for s in samples:  # every step sample carries its episode's reward
+        assert s.reward == (10.0 if s.won else 0.0)
+
+
+def test_batched_equals_one_by_one(setup):
+    cfg, tok, model, dcfg, ids = setup
+    with torch.no_grad():
+        batched, mb = rollout(model, tok, cfg.env, dcfg, ids[:2], group_size=3, batch_size=64)
+        single = []
+        for tid in ids[:2]:
+            for _ in range(3):
+                s, _ = rollout(model, tok, cfg.env, dcfg, [tid], group_size=1, batch_size=1)
+                single.append(s)
+    key = lambda s: (s.step, s.prompt_ids, s.response_ids, s.action, s.valid, s.trace)
+    per_ep = {}
+    for s in batched:
+        per_ep.setdefault(s.episode_id, []).append(key(s))
+    assert list(per_ep.values()) == [[key(s) for s in ep] for ep in single]
+    assert mb["nfe_denoise"] > 0 and mb["tpf_denoise"] > 0
+
+
+class _Flaky:
+    """An env whose step raises EnvError after `fail_at` steps (a server gone mid-episode)."""
+
+    def __init__(self, env, fail_at):
+        self.env, self.fail_at, self.n = env, fail_at, 0
+
+    def reset(self, task_id=None, seed=None):
+        return self.env.reset(task_id=task_id, seed=seed)
+
+    def step(self, action):
+        self.n += 1
+        if self.n > self.fail_at:
+            raise EnvError("http://127.0.0.1:1/step: connection refused after 3 attempts")
+        return self.env.step(action)
+
+    def close(self):
+        self.env.close()
+
+
+def test_env_failure_marks_episode_failed(setup):
+    cfg, tok, model, dcfg, ids = setup
+    made = []
+
+    def factory(ec):
+        made.append(_Flaky(make_env(ec), fail_at=0 if len(made) % 2 == 0 else 99))
+        return made[-1]
+    with torch.no_grad():
+        samples, m = rollout(model, tok, cfg.env, dcfg, ids[:2], group_size=2, env_factory=factory)
+    assert m["failed_episodes"] == 2 and m["num_episodes"] == 4
+    assert {s.episode_id for s in samples} <= {1, 3}
+    assert all(e["failed"] for e in m["episodes"] if e["episode_id"] in (0, 2))
+
+
+def test_server_killed_mid_rollout(setup):
+    cfg, tok, model, dcfg, ids = setup
+    srv = serve_in_thread(cfg.env)
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    ec = dataclasses.replace(cfg.env, server_url=url, retries=1, backoff_s=0.01, timeout_s=2.0)
+    calls = {"n": 0}
+
+    def factory(c):
+        client = EnvClient(url, env="webshop", timeout=2.0, retries=1, backoff=0.01)
+        orig = client.step
+
+        def step(action):
+            calls["n"] += 1
+            if calls["n"] == 2:  # the server goes away (keep-alive threads would outlive shutdown())
+                srv.shutdown()
+                srv.server_close()
+                client.url = "http://127.0.0.1:9"
+            return orig(action)
+        client.step = step
+        return client
+    with torch.no_grad():
+        samples, m = rollout(model, tok, ec, dcfg, ids[:2], group_size=1, env_factory=factory)
+    assert m["failed_episodes"] >= 1 and m["num_episodes"] == 2
