@@ -282,7 +282,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         mine = samples[info.rank::info.world]
         with autocast(cfg):
             metrics = distill_step(model, opt, mine, cfg.distill, progress=step / max(cfg.distill.steps - 1, 1),
-                                   gen=torch.Generator().manual_seed(cfg.train.seed * 31 + step + info.rank))
+                                   gen=torch.Generator().manual_seed(cfg.train.seed * 31 + step + info.rank),
+                                   grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, world=info.world)
         sch.step()
         step += 1
         rec = {"stage": "distill", "step": step, "rollout/success": rm["success"],
@@ -368,7 +369,7 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
     """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown."""
     import platform
     import subprocess
-    from d3mini.metrics import aup
+    from d3mini.metrics import AUPError, aup
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
@@ -384,7 +385,10 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
         p = ref["success"]
         se = 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
         pts = [(r["tpf_denoise"], 100 * r["success"]) for r in rs]
-        a = aup(pts, alpha=cfg.eval.alpha, y_max=y_max) if pts else float("nan")
+        try:
+            a = aup(pts, alpha=cfg.eval.alpha, y_max=y_max)
+        except AUPError:  # a curve whose fastest point lost > 5 points is rejected (metrics.md §2)
+            a = float("nan")
         tpf = lambda t: f"{by[t]['tpf_denoise']:.2f}" if t in by else "-"
         rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {ref['score']:.3f} | {ref['valid_ratio']:.3f} | "
                     f"{tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")

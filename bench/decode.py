@@ -54,7 +54,8 @@ def build(args, device, dtype):
 def hf_twin(m):
     import transformers
     c = m.cfg
-    hc = transformers.Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+    hc = transformers.Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                                  intermediate_size=c.intermediate_size,
                                   num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
                                   num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
                                   rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=False, attention_bias=False)
@@ -235,7 +236,8 @@ def main():
             for name, tps, calls, den, per_row in rows:
                 n = nn if name.startswith("(b)") else G
                 a = name.startswith("(a)")
-                print(f"| {B} | {tau} | {name} | {tps:.1f} | {calls} | {calls / n:.3f} | {n / den:.2f} | {n / calls:.2f} | "
+                print(f"| {B} | {tau} | {name} | {tps:.1f} | {calls} | {calls / n:.3f} | {n / den:.2f} | "
+                      f"{n / calls:.2f} | "
                       f"{f'{per_row:.2f}' if per_row else ''} | {f'{rows[0][1] / rows[1][1]:.2f}' if a else ''} | "
                       f"{f'{rows[0][1] / rows[2][1]:.1f}' if a and args.naive_new else ''} | "
                       f"{same(agree) if a else same(agree_b) + ' (as (a))' if name.startswith('(b)') else ''} |")

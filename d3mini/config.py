@@ -154,6 +154,10 @@ class DistillConfig:
     only_success: bool = False      # train only on steps of successful episodes
     tie_break: str = "confidence"   # confidence | random: order among tokens committed at the same forward
     threshold: float = 0.95         # decode threshold for the rollouts that make targets
+    micro_batch: int = 16           # step samples per forward/backward (gradient accumulation)
+    complementary: bool = True      # also train the complementary in-block mask (dParallel / d3LLM CE_rev)
+    block_sizes: list = field(default_factory=list)  # llada block-size curriculum over the stage, e.g.
+                                    # [16, 16, 24, 24, 32, 32] (d3LLM); [] = the model's block_size
 
 
 @dataclass
@@ -225,7 +229,7 @@ _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size",
              "model.num_heads", "model.num_kv_heads", "model.head_dim", "model.block_size",
              "model.rope_theta", "model.rms_norm_eps", "decode.block_size", "decode.max_new_tokens",
              "env.max_steps", "sft.batch_size", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
-             "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "distill.batch_size",
+             "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "distill.batch_size", "distill.micro_batch",
              "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s"]
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",

@@ -1,0 +1,255 @@
+"""Online self-distillation from decode traces: the d3LLM pseudo-trajectory recipe, on-policy
+(reference/metrics.md §3; DESIGN.md §4.7).
+
+Targets are the policy's own decoded responses (StepSamples from rollouts); the decode trace
+(per token: the denoising forward that committed it) says which tokens were still masked at each
+forward. Per trained block, with m = its response tokens and r ~ U[r_floor(t), r_max]:
+
+    n_mask = m - floor((1 - r) m)  (>= 1)   the tokens committed *latest* are masked, i.e. the
+                                            block as the decoder saw it about r of the way back
+    complement                              the block's other response tokens, masked instead
+    r_floor(t) = t * r_max                  easy -> hard over the stage (progress t in [0, 1])
+
+Ties (tokens committed by the same forward) are ordered by `tie_break`: "confidence" masks the
+lower commit confidence first (the decoder would have committed it later), then the later
+position; "random" orders them uniformly at random.
+
+SDAR: blocks are aligned at absolute position 0 of prompt + response, so the first response
+block may hold prompt tokens, which are never masked. Every response block trains in one
+forward over [noisy | complement | clean] (models.md §2.7 extended by a second noisy copy that
+attends like the first and never sees it), and each block draws its own r: a noisy block only
+sees clean earlier blocks, so "earlier clean, later masked" holds for every block at once.
+LLaDA (full attention): one block per sample (blocks aligned at the response start, size from
+the `block_sizes` curriculum), earlier blocks clean, that block masked by trace order, later
+blocks fully masked and not scored (metrics.md §3.2); noisy and complement are two batch rows.
+
+Loss (metrics.md §3.4): (CE + CE_comp + lambda * H) / 4 with CE, CE_comp plain means over the
+masked positions of each copy (no 1/p weighting: the ratio is chosen, not a diffusion time) and
+H the entropy of softmax(logits / entropy_temp) averaged over the noisy copy's masked positions
+whose argmax equals the target.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from d3mini.config import DistillConfig
+from d3mini.model import bd_training_mask, padding_mask
+
+
+# ----------------------------------------------------------------------------- curricula
+def r_floor(progress: float, r_max: float) -> float:
+    """d3LLM's progressive noise schedule: the ratio floor rises linearly from 0 to r_max."""
+    return min(max(float(progress), 0.0), 1.0) * r_max
+
+
+def block_size_at(progress: float, sizes: list, default: int) -> int:
+    """d3LLM's progressive window: `sizes` indexed by epoch (the stage split into len(sizes)
+    equal parts), linearly interpolated towards the next entry within a part."""
+    if not sizes:
+        return default
+    x = min(max(float(progress), 0.0), 1.0) * len(sizes)
+    e = min(int(x), len(sizes) - 1)
+    nxt = sizes[min(e + 1, len(sizes) - 1)]
+    return int(sizes[e] + (x - e) * (nxt - sizes[e]))
+
+
+def n_masked(r: float, m: int) -> int:
+    """Masked tokens of a block with m tokens at ratio r: m - floor((1 - r) m), at least 1 (§3.2.4)."""
+    return min(m, max(1, m - math.floor((1.0 - r) * m + 1e-9)))
+
+
+def select_samples(samples: list, cfg: DistillConfig) -> list:
+    """Samples usable as targets: decoded (a trace; expert samples have none), then valid and from
+    won episodes when the config asks."""
+    out = [s for s in samples if s.trace is not None and len(s.trace) == len(s.response_ids) > 0]
+    if cfg.only_valid:
+        out = [s for s in out if s.valid]
+    if cfg.only_success:
+        out = [s for s in out if getattr(s, "won", False)]
+    return out
+
+
+def mask_order(trace: list, confidence: Optional[list], tie_break: str, gen=None) -> list:
+    """Response indices, latest-committed first: the order in which tokens get masked."""
+    R = len(trace)
+    if tie_break == "confidence":
+        conf = confidence if confidence is not None else [0.0] * R
+        key = [(-trace[i], conf[i], -i) for i in range(R)]
+    elif tie_break == "random":
+        u = torch.rand(R, generator=gen).tolist()
+        key = [(-trace[i], u[i]) for i in range(R)]
+    else:
+        raise ValueError(f"distill.tie_break = {tie_break!r}: must be confidence | random")
+    return sorted(range(R), key=key.__getitem__)
+
+
+# ----------------------------------------------------------------------------- batch
+@dataclass
+class DistillBatch:
+    ids: torch.Tensor      # [B, n] clean prompt + response, right-padded (pad only read via lengths)
+    lengths: torch.Tensor  # [B] prompt + response tokens
+    masked: torch.Tensor   # [B, n] bool: masked and scored in the noisy copy
+    comp: torch.Tensor     # [B, n] bool: masked and scored in the complementary copy
+    hidden: torch.Tensor   # [B, n] bool: masked in both copies, never scored (LLaDA: later blocks)
+    prompt_len: torch.Tensor  # [B]
+    block_size: int        # K used to build the masks
+
+    @property
+    def start(self) -> int:  # shortest prompt: no copy scores a position before it
+        return int(self.prompt_len.min())
+
+    def select(self, idx: list) -> "DistillBatch":
+        n = int(self.lengths[idx].max())
+        cut = [t[idx, :n] for t in (self.ids, self.masked, self.comp, self.hidden)]
+        return DistillBatch(cut[0], self.lengths[idx], *cut[1:], self.prompt_len[idx], self.block_size)
+
+
+def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, tie_break: str,
+                pad_id: int, gen=None, device=None) -> DistillBatch:
+    """Masks from the decode traces (module docstring); r ~ U[r_lo, r_hi] per SDAR block / LLaDA sample."""
+    if family not in ("sdar", "llada"):
+        raise ValueError(f"distill: family {family!r} decodes one token per forward; needs sdar or llada")
+    P = [len(s.prompt_ids) for s in samples]
+    n = max(p + len(s.response_ids) for p, s in zip(P, samples))
+    B = len(samples)
+    ids = torch.full((B, n), pad_id, dtype=torch.long)
+    masked, comp, hidden = (torch.zeros(B, n, dtype=torch.bool) for _ in range(3))
+
+    def uni() -> float:
+        return r_lo + (r_hi - r_lo) * float(torch.rand(1, generator=gen))
+
+    for i, s in enumerate(samples):
+        p, R = P[i], len(s.response_ids)
+        ids[i, :p + R] = torch.tensor(list(s.prompt_ids) + list(s.response_ids))
+        order = mask_order(list(s.trace), s.confidence, tie_break, gen)
+        if family == "sdar":  # every response block, aligned at absolute 0: (first pos, end) in response idx
+            spans = [(max(b * K - p, 0), min((b + 1) * K - p, R)) for b in range(p // K, (p + R - 1) // K + 1)]
+        else:
+            nb = -(-R // K)
+            b = int(torch.randint(nb, (1,), generator=gen))
+            spans = [(b * K, min((b + 1) * K, R))]
+            hidden[i, p + spans[0][1]:p + R] = True
+        for lo, hi in spans:
+            ranked = [j for j in order if lo <= j < hi]  # this block, latest-committed first
+            k = n_masked(uni(), hi - lo)
+            masked[i, [p + j for j in ranked[:k]]] = True
+            comp[i, [p + j for j in ranked[k:]]] = True
+    dev = device or "cpu"
+    return DistillBatch(ids.to(dev), torch.tensor([p + len(s.response_ids) for p, s in zip(P, samples)], device=dev),
+                        masked.to(dev), comp.to(dev), hidden.to(dev), torch.tensor(P, device=dev), K)
+
+
+# ----------------------------------------------------------------------------- loss
+def bd3_mask(lengths, n: int, K: int, ns: int, copies: int):
+    """[noisy | (complement) | clean] mask: bool [B, 1, c m + n, c m + n] with m = n - ns. Each noisy
+    copy attends exactly like the noisy copy of `bd_training_mask` and never sees the other."""
+    M = bd_training_mask(lengths, n, K, noisy_start=ns)  # [B, 1, m + n, m + n]
+    m, dev = n - ns, lengths.device
+    idx = torch.cat([torch.arange(m, device=dev)] * copies + [torch.arange(m, m + n, device=dev)])
+    cid = torch.cat([torch.full((m,), c, device=dev) for c in range(copies)] + [torch.full((n,), copies, device=dev)])
+    other_noisy = (cid[:, None] != cid[None, :]) & (cid[:, None] < copies) & (cid[None, :] < copies)
+    return M[:, :, idx][:, :, :, idx] & ~other_noisy
+
+
+def distill_logits(model, b: DistillBatch, complementary: bool = True):
+    """Logits at positions start..n-1 of the noisy and complementary copies: ([B, n - start, V], same or None)."""
+    cfg, (B, n), c = model.cfg, b.ids.shape, 2 if complementary else 1
+    noisy = torch.where(b.masked | b.hidden, cfg.mask_id, b.ids)
+    cmp = torch.where(b.comp | b.hidden, cfg.mask_id, b.ids)
+    pos = torch.arange(n, device=b.ids.device)
+    if cfg.family == "sdar":
+        ns = (b.start // b.block_size) * b.block_size  # noisy copies of prompt-only blocks are never attended to
+        m = n - ns
+        x = torch.cat([noisy[:, ns:]] + ([cmp[:, ns:]] if complementary else []) + [b.ids], 1)  # [B, c m + n]
+        rows = torch.cat([torch.arange(j * m + b.start - ns, (j + 1) * m, device=pos.device) for j in range(c)])
+        lg = model(x, torch.cat([pos[ns:]] * c + [pos]), attn=bd3_mask(b.lengths, n, b.block_size, ns, c),
+                   logits_rows=rows)  # [B, c (n - start), V]
+        parts = lg.split(n - b.start, dim=1)
+    elif cfg.family == "llada":
+        x = torch.cat([noisy] + ([cmp] if complementary else []), 0)  # [c B, n]
+        lg = model(x, pos, attn=padding_mask("llada", b.block_size, b.lengths.repeat(c), n),
+                   logits_rows=slice(b.start, n))
+        parts = lg.split(B, dim=0)
+    else:
+        raise ValueError(f"distill: family {cfg.family!r} has no diffusion mask to distil")
+    return parts[0], parts[1] if complementary else None
+
+
+def distill_terms(lg, lgc, target, masked, comp, cfg: DistillConfig, n_mask: Optional[float] = None,
+                  n_comp: Optional[float] = None) -> tuple:
+    """Loss from logits [B, L, V] (lgc: complement or None) against target / masks [B, L].
+    n_mask / n_comp: global normalisers over all micro-batches (default: this batch's counts); H is
+    this batch's mean over correct positions, weighted by its share of the masked tokens."""
+    lsm = lg.float().log_softmax(-1)
+    nm, nc = float(masked.sum()), float(comp.sum())
+    n_mask, n_comp = n_mask or max(nm, 1.0), n_comp or max(nc, 1.0)
+    ce = -(lsm.gather(-1, target[..., None])[..., 0] * masked).sum() / n_mask
+    ce_c = lg.new_zeros((), dtype=torch.float32)
+    if lgc is not None:
+        ce_c = -(lgc.float().log_softmax(-1).gather(-1, target[..., None])[..., 0] * comp).sum() / n_comp
+    with torch.no_grad():
+        top_lp, top = lsm.max(-1)
+        right = masked & (top == target)
+        sure = right & (top_lp.exp() > cfg.threshold)
+    lt = (lg.float() / cfg.entropy_temp).log_softmax(-1)
+    ent = -(lt.exp() * lt).sum(-1)  # [B, L]
+    h = (ent * right).sum() / max(float(right.sum()), 1.0) * (nm / n_mask)
+    loss = (ce + ce_c + cfg.entropy_coef * h) / 4
+    st = {"masked": nm, "comp": nc, "correct": float(right.sum()), "confident": float(sure.sum()),
+          "ce": float(ce.detach()), "ce_comp": float(ce_c.detach()), "entropy": float(h.detach())}
+    return loss, st
+
+
+def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp=None) -> tuple:
+    """Pure loss of one batch (wrap it with autocast / FSDP as needed): (loss, stats)."""
+    lg, lgc = distill_logits(model, b, cfg.complementary)
+    s = b.start
+    return distill_terms(lg, lgc, b.ids[:, s:], b.masked[:, s:], b.comp[:, s:], cfg, n_mask, n_comp)
+
+
+# ----------------------------------------------------------------------------- step
+def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: float, gen=None, *,
+                 grad_clip: float = 1.0, clip_fn: Optional[Callable] = None, world: int = 1) -> dict:
+    """One optimizer update on (at most batch_size / world of) the usable samples, micro-batched with
+    global normalisers. With data parallel each rank passes its own slice and the loss is divided by
+    `world`, so summed gradients are the mean over ranks. Without usable samples nothing is updated."""
+    gen = gen if gen is not None else torch.Generator().manual_seed(0)
+    kept = select_samples(samples, cfg)
+    lo = r_floor(progress, cfg.r_max)
+    m = {"progress": float(progress), "r_floor": lo, "samples_in": len(samples), "samples_kept": len(kept)}
+    if not kept:
+        return {**m, "skipped": 1.0}
+    cap = max(cfg.batch_size // world, 1)
+    if len(kept) > cap:
+        kept = [kept[i] for i in torch.randperm(len(kept), generator=gen)[:cap].tolist()]
+    mc = model.cfg
+    K = mc.block_size if mc.family == "sdar" else block_size_at(progress, cfg.block_sizes, mc.block_size)
+    dev = next(model.parameters()).device
+    b = build_batch(kept, mc.family, K, lo, cfg.r_max, cfg.tie_break, mc.pad_id, gen, dev)
+    n_mask, n_comp = max(float(b.masked.sum()), 1.0), max(float(b.comp.sum()), 1.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: only the adapters
+    optimizer.zero_grad(set_to_none=True)
+    tot: dict = {}
+    loss_sum = 0.0
+    for s in range(0, len(kept), cfg.micro_batch):
+        loss, st = distill_loss(model, b.select(list(range(s, min(s + cfg.micro_batch, len(kept))))), cfg,
+                                n_mask, n_comp)
+        (loss / world).backward()
+        loss_sum += float(loss.detach())
+        for k, v in st.items():
+            tot[k] = tot.get(k, 0.0) + v
+    clip_fn = clip_fn or (lambda ps, mx: float(torch.nn.utils.clip_grad_norm_(ps, mx)))
+    gnorm = clip_fn(params, grad_clip if grad_clip else float("inf"))
+    optimizer.step()
+    elig = float((b.masked | b.comp).sum())
+    m.update({"skipped": 0.0, "loss": loss_sum, "ce": tot["ce"], "ce_comp": tot["ce_comp"], "entropy": tot["entropy"],
+              "acc_masked": tot["correct"] / max(tot["masked"], 1.0),
+              "frac_confident": tot["confident"] / max(tot["masked"], 1.0),  # argmax right and p > threshold
+              "mask_ratio": tot["masked"] / max(elig, 1.0), "masked_tokens": tot["masked"],
+              "block_size": K, "samples_used": len(kept), "grad_norm": gnorm,
+              "resp_len": sum(len(s.response_ids) for s in kept) / len(kept)})
+    return m

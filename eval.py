@@ -1,0 +1,219 @@
+"""Evaluate a checkpoint on held-out tasks at one or more decode thresholds; AUP over a sweep.
+
+    python eval.py --config configs/webshop.yaml --ckpt runs/webshop-sdar8b/export --threshold 0.95
+    python eval.py --config configs/tiny.yaml --ckpt runs/tiny/export --sweep 0.9:1.0:0.05 eval.num_tasks=50
+    python eval.py --aup 1.447:3.4 2.944:57.2 --alpha 3          # AUP of given TPF:ACC points, no model
+
+Without --threshold or --sweep the config's eval.sweep is run. Remaining arguments are config
+overrides (`section.key=value` or `--section.key value`). Each threshold tau runs one episode per
+task (the first eval.num_tasks ids of the split; decode section as configured, greedy by default),
+bf16 autocast when train.dtype is bfloat16 (as train.py's own eval), and reports success rate
+with its standard error and Wilson 95% interval, score, valid-action ratio, TPF over denoising and
+over all forwards, and tokens/s. AUP (reference/metrics.md §2) uses alpha = eval.alpha and
+y_max = eval.y_max, or the best accuracy among the evaluated points. Results go to
+<prefix>.json, <prefix>.md and <prefix>.png (with matplotlib), prefix = eval.out or
+<train.out_dir>/eval; each file carries the run record (config, weight hashes, commit, versions).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from d3mini.config import ConfigError, load_config
+from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, plot_acc_vs_tpf,
+                            results_markdown, run_record)
+
+
+class UsageError(ValueError):
+    """A bad command line or input: sweep / point syntax, threshold range, missing or unreadable checkpoint."""
+
+
+# ----------------------------------------------------------------------------- argument parsing
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{what}: {text!r} is not a number") from None
+
+
+def check_threshold(tau: float, what: str = "--threshold") -> float:
+    if not 0.0 <= tau <= 1.0:
+        raise UsageError(f"{what}: threshold {tau:g} is outside [0, 1] (tau commits tokens with confidence > tau)")
+    return tau
+
+
+def parse_sweep(text: str) -> list:
+    """'START:STOP:STEP' (both ends included, e.g. 0.95:1.0:0.01 -> 0.95 ... 1.0) or 'T1,T2,...'."""
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise UsageError(f"--sweep {text!r}: expected START:STOP:STEP, e.g. 0.95:1.0:0.01")
+        start, stop, step = (_number(p, f"--sweep {text!r}") for p in parts)
+        if step <= 0:
+            raise UsageError(f"--sweep {text!r}: STEP must be > 0")
+        if start > stop:
+            raise UsageError(f"--sweep {text!r}: START must be <= STOP")
+        n = int((stop - start) / step + 1e-9)  # tolerance: 0.05 / 0.01 is 4.9999... in floats
+        taus = [round(start + i * step, 10) for i in range(n + 1)]
+    else:
+        taus = [_number(p, f"--sweep {text!r}") for p in text.split(",") if p.strip()]
+        if not taus:
+            raise UsageError(f"--sweep {text!r}: no thresholds")
+    return [check_threshold(t, f"--sweep {text!r}") for t in taus]
+
+
+def parse_point(text: str) -> tuple:
+    """'TPF:ACC' with ACC in percent, e.g. 2.944:57.2."""
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise UsageError(f"--aup point {text!r}: expected TPF:ACC, e.g. 2.944:57.2")
+    return _number(parts[0], f"--aup point {text!r}"), _number(parts[1], f"--aup point {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="d3mini evaluation: success rate, TPF, AUP", allow_abbrev=False,
+                                epilog="other arguments are config overrides: section.key=value")
+    p.add_argument("--config", help="YAML config (defaults when omitted)")
+    p.add_argument("--ckpt", help="checkpoint folder: config.json, *.safetensors, tokenizer.json "
+                                  "(default: model.path)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--threshold", help="one decode threshold tau in [0, 1]")
+    g.add_argument("--sweep", help="START:STOP:STEP (ends included) or T1,T2,...; default eval.sweep")
+    g.add_argument("--aup", nargs="+", metavar="TPF:ACC", help="print the AUP of these points and exit")
+    p.add_argument("--split", help="task split (default eval.split)")
+    p.add_argument("--num-tasks", type=int, help="held-out tasks (default eval.num_tasks; 0 = all)")
+    p.add_argument("--alpha", type=float, help="AUP alpha (default eval.alpha = 3)")
+    p.add_argument("--y-max", type=float, help="AUP y_max in percent (default: best accuracy among the points)")
+    p.add_argument("--out", help="result file prefix (default eval.out or <train.out_dir>/eval)")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (default cuda when available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="parameter dtype (default: the checkpoint's)")
+    return p
+
+
+# ----------------------------------------------------------------------------- modes
+def aup_main(ns) -> int:
+    """Pure AUP of given points; the value is the last line printed."""
+    points = [parse_point(t) for t in ns.aup]
+    alpha = 3.0 if ns.alpha is None else ns.alpha
+    y_max = max(y for _, y in points) if ns.y_max is None else ns.y_max
+    kept = aup_kept_points(points)
+    print("points (by TPF): " + " ".join(f"{r:g}:{y:g}" for r, y in sorted(points)))
+    print(f"kept (acc >= {kept[0][1]:g} - 5): " + " ".join(f"{r:g}:{y:g}" for r, y in kept))
+    print(f"alpha {alpha:g}, y_max {y_max:g} ({'given' if ns.y_max is not None else 'best accuracy given'}); "
+          "W: " + " ".join(f"{aup_weight(y, alpha, y_max):.6f}" for _, y in kept))
+    print(f"{aup(points, alpha, y_max):.3f}")
+    return 0
+
+
+def check_checkpoint(ckpt: str) -> None:
+    """Clear errors before anything heavy is imported or loaded."""
+    if not os.path.isdir(ckpt):
+        raise UsageError(f"--ckpt {ckpt}: checkpoint folder not found")
+    names = set(os.listdir(ckpt))
+    if "config.json" not in names:
+        hint = (" (this is a resumable training checkpoint; evaluate the exported folder <train.out_dir>/export)"
+                if "state.json" in names else "")
+        raise UsageError(f"--ckpt {ckpt}: no config.json{hint}")
+    if not any(n.endswith(".safetensors") for n in names):
+        raise UsageError(f"--ckpt {ckpt}: no *.safetensors weights")
+    if "tokenizer.json" not in names:
+        raise UsageError(f"--ckpt {ckpt}: no tokenizer.json (export with dist.export_hf or save the tokenizer there)")
+
+
+def load_checkpoint(ckpt: str, dtype=None, device=None):
+    """(DiffusionLM, Tokenizer) from a checkpoint folder."""
+    from d3mini.data import Tokenizer
+    from d3mini.model import CheckpointError, DiffusionLM
+    try:
+        model = DiffusionLM.from_pretrained(ckpt, dtype=dtype, device=device)
+        tok = Tokenizer.from_dir(ckpt, model.cfg.family)
+    except CheckpointError as e:
+        raise UsageError(f"--ckpt: {e}") from None
+    except ValueError as e:  # a tokenizer without the family's special tokens
+        raise UsageError(f"--ckpt {ckpt}: tokenizer.json: {e}") from None
+    return model.eval(), tok
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_results(prefix: str, rows: list, summaries: list, record: dict, label: str) -> list:
+    """<prefix>.json (record, rows with episodes, AUP), <prefix>.md, <prefix>.png; returns the paths."""
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    out = {"record": record, "results": rows, "aup": summaries[0], "aup_total": summaries[1]}
+    _atomic_write(prefix + ".json", json.dumps(out, indent=2, default=str))
+    _atomic_write(prefix + ".md", results_markdown(rows, summaries, record))
+    paths = [prefix + ".json", prefix + ".md"]
+    png = plot_acc_vs_tpf({label: rows}, prefix + ".png", title=f"{record['config']['env']['name']}: "
+                          f"accuracy vs TPF", metadata=record)
+    return paths + ([png] if png else [])
+
+
+def eval_main(ns, overrides: list) -> int:
+    cfg = load_config(ns.config, overrides)
+    if ns.threshold is not None:
+        taus = [check_threshold(_number(ns.threshold, "--threshold"))]
+    elif ns.sweep is not None:
+        taus = parse_sweep(ns.sweep)
+    else:
+        taus = [check_threshold(float(t), "eval.sweep") for t in cfg.eval.sweep]
+    if ns.num_tasks is not None and ns.num_tasks < 0:
+        raise UsageError(f"--num-tasks {ns.num_tasks}: must be >= 0")
+    ev = cfg.eval
+    cfg.eval = dataclasses.replace(ev, split=ns.split or ev.split, alpha=ev.alpha if ns.alpha is None else ns.alpha,
+                                   y_max=ev.y_max if ns.y_max is None else ns.y_max, out=ns.out or ev.out,
+                                   num_tasks=ev.num_tasks if ns.num_tasks is None else ns.num_tasks)
+    ckpt = ns.ckpt or cfg.model.path
+    if not ckpt:
+        raise UsageError("--ckpt DIR is required (or set model.path)")
+    check_checkpoint(ckpt)
+
+    import torch
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = load_checkpoint(ckpt, dtype=ns.dtype, device=device)
+    cfg.model = dataclasses.replace(model.cfg, path=ckpt)  # the record shows the model that was evaluated
+    fam, K = model.cfg.family, cfg.decode.block_size
+    if fam == "qwen3" and K != 1:
+        raise ConfigError(f"decode.block_size = {K}: the qwen3 checkpoint decodes autoregressively, set it to 1")
+    if fam == "sdar" and K != model.cfg.block_size:
+        raise ConfigError(f"decode.block_size = {K} must equal the checkpoint's block_size = {model.cfg.block_size}")
+
+    rows = evaluate(model, tok, cfg, taus, cfg.eval.split, cfg.eval.num_tasks, progress=sys.stderr.isatty())
+    summaries = [aup_summary(rows, cfg.eval.alpha, cfg.eval.y_max, tpf) for tpf in ("tpf_denoise", "tpf_total")]
+    record = run_record(cfg, ckpt=ckpt, model=model, num_tasks=rows[0]["num_tasks"],
+                        extra={"thresholds": taus, "split": cfg.eval.split})
+    prefix = cfg.eval.out or os.path.join(cfg.train.out_dir, "eval")
+    if os.path.isdir(prefix) or prefix.endswith(os.sep):
+        prefix = os.path.join(prefix, "eval")
+    paths = write_results(prefix, rows, summaries, record, label=os.path.basename(os.path.normpath(ckpt)))
+    print(results_markdown(rows, summaries, record).split("\n<details>")[0])
+    print("wrote " + ", ".join(paths))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    ns, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if ns.aup is not None:
+            if ns.ckpt or ns.config or rest:
+                raise UsageError("--aup takes only points, --alpha and --y-max (no model, config or overrides)")
+            return aup_main(ns)
+        return eval_main(ns, rest)
+    except (UsageError, ConfigError, AUPError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Online self-distillation: curricula, trace-ordered masks, complement, prompt safety, the loss
+against hand-computed values and against independent per-block reference forwards."""
+import math
+import random
+
+import pytest
+import torch
+
+from d3mini.config import DistillConfig, LoRAConfig, ModelConfig
+from d3mini.distill import (block_size_at, build_batch, distill_logits, distill_loss, distill_step, distill_terms,
+                            mask_order, n_masked, r_floor, select_samples)
+from d3mini.lora import apply_lora
+from d3mini.model import DiffusionLM
+from d3mini.rollout import StepSample
+
+torch.set_num_threads(1)
+MASK, EOS, PAD = 3, 2, 0
+
+
+def tiny(family="sdar", K=4, seed=0):
+    torch.manual_seed(seed)
+    mc = ModelConfig(family=family, vocab_size=24, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                     num_kv_heads=1, head_dim=16, block_size=K, mask_id=MASK, eos_ids=[EOS], pad_id=PAD, init_std=0.3)
+    return DiffusionLM.from_config(mc)
+
+
+def sample(prompt, resp, trace, conf=None, valid=True, won=True, ep=0):
+    return StepSample(prompt_ids=prompt, response_ids=resp, trace=trace, confidence=conf, action="a", valid=valid,
+                      reward=10.0 * won, group_id=0, episode_id=ep, step=0, won=won)
+
+
+def random_sample(rng, ep=0):
+    """A decode-like sample: non-decreasing trace, several tokens per forward, random confidences."""
+    P, R = rng.randint(1, 9), rng.randint(1, 14)
+    trace, t = [], 0
+    for _ in range(R):
+        t += rng.random() < 0.5
+        trace.append(t)
+    return sample([rng.randint(4, 23) for _ in range(P)], [rng.randint(4, 23) for _ in range(R - 1)] + [EOS],
+                  trace, [round(rng.random(), 2) for _ in range(R)], ep=ep)
+
+
+# ----------------------------------------------------------------------------- curricula
+def test_curriculum_schedule():
+    assert [r_floor(t, 0.8) for t in (0.0, 0.25, 0.5, 1.0)] == pytest.approx([0.0, 0.2, 0.4, 0.8])
+    assert r_floor(-1.0, 0.8) == 0.0 and r_floor(2.0, 0.8) == pytest.approx(0.8)
+    # d3LLM LLaDA window schedule over 6 "epochs", interpolated inside each
+    sizes = [16, 16, 24, 24, 32, 32]
+    assert block_size_at(0.0, sizes, 8) == 16 and block_size_at(1.0, sizes, 8) == 32
+    assert block_size_at(2.5 / 6, sizes, 8) == 24 and block_size_at(1.5 / 6, sizes, 8) == 20
+    assert block_size_at(0.7, [], 8) == 8
+    # masked tokens per block: m - floor((1 - r) m), >= 1 (metrics.md §3.8 table for BL = 4)
+    assert [n_masked(r, 4) for r in (0.01, 0.25, 0.3, 0.5, 0.6, 0.75, 0.8)] == [1, 1, 2, 2, 3, 3, 4]
+    assert n_masked(0.0, 4) == 1 and n_masked(0.8, 8) == 7 and n_masked(0.9, 10) == 9
+
+
+def test_ratio_draws_follow_the_floor():
+    rng = random.Random(0)
+    samples = [random_sample(rng, i) for i in range(40)]
+    for t in (0.0, 0.5, 1.0):
+        lo = r_floor(t, 0.8)
+        b = build_batch(samples, "sdar", 4, lo, 0.8, "confidence", PAD, torch.Generator().manual_seed(1))
+        for i, s in enumerate(samples):
+            P = len(s.prompt_ids)
+            for blk in range(P // 4, (P + len(s.response_ids) - 1) // 4 + 1):
+                cols = slice(blk * 4, (blk + 1) * 4)
+                m = int((b.masked[i, cols] | b.comp[i, cols]).sum())
+                k = int(b.masked[i, cols].sum())
+                assert n_masked(lo, m) <= k <= n_masked(0.8, m)
+
+
+# ----------------------------------------------------------------------------- masks
+def test_masks_follow_the_trace_by_hand():
+    # prompt of 5, K = 4: block 1 = [prompt 4 | r0 r1 r2], block 2 = [r3 r4 r5 r6]; r = 0.5 fixed
+    s = sample([5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, EOS], [0, 1, 1, 2, 3, 3, 3], [.9, .5, .7, .9, .4, .6, .99])
+    b = build_batch([s], "sdar", 4, 0.5, 0.5, "confidence", PAD)
+    # block 1: 3 tokens -> 2 masked: r1, r2 (trace 1; r1 less confident); block 2: r4, r5 (trace 3, lowest p)
+    assert b.masked[0].nonzero().flatten().tolist() == [6, 7, 9, 10]
+    assert b.comp[0].nonzero().flatten().tolist() == [5, 8, 11]
+    assert mask_order(s.trace, s.confidence, "confidence") == [4, 5, 6, 3, 1, 2, 0]
+    b = build_batch([s], "sdar", 4, 0.8, 0.8, "confidence", PAD)  # 3 of 3 and 4 - floor(0.8) = 4 of 4
+    assert b.masked[0].nonzero().flatten().tolist() == [5, 6, 7, 8, 9, 10, 11] and not b.comp.any()
+
+
+@pytest.mark.parametrize("tie_break", ["confidence", "random"])
+def test_later_commits_masked_first(tie_break):
+    rng = random.Random(1)
+    samples = [random_sample(rng, i) for i in range(60)]
+    b = build_batch(samples, "sdar", 4, 0.0, 0.8, tie_break, PAD, torch.Generator().manual_seed(2))
+    for i, s in enumerate(samples):
+        P = len(s.prompt_ids)
+        for blk in range(P // 4, (P + len(s.response_ids) - 1) // 4 + 1):
+            js = [j for j in range(len(s.trace)) if blk * 4 <= P + j < blk * 4 + 4]
+            hid = [j for j in js if b.masked[i, P + j]]
+            shown = [j for j in js if b.comp[i, P + j]]
+            assert hid and sorted(hid + shown) == js  # >= 1 masked; masked + complement = the block
+            assert min(s.trace[j] for j in hid) >= max((s.trace[j] for j in shown), default=-1)
+            if tie_break == "confidence":  # ties: the less confident token is masked
+                for h in hid:
+                    for v in shown:
+                        if s.trace[h] == s.trace[v]:
+                            assert s.confidence[h] <= s.confidence[v]
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_complement_and_prompt_never_masked(family):
+    rng = random.Random(2)
+    samples = [random_sample(rng, i) for i in range(50)]
+    b = build_batch(samples, family, 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(3))
+    assert not (b.masked & b.comp).any() and not ((b.masked | b.comp) & b.hidden).any()
+    for i, s in enumerate(samples):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        touched = b.masked[i] | b.comp[i] | b.hidden[i]
+        assert not touched[:P].any() and not touched[P + R:].any()  # prompt and padding untouched
+        if family == "sdar":  # every response token is in exactly one of the two copies
+            assert (b.masked[i] | b.comp[i])[P:P + R].all()
+        else:  # one block of the response (aligned at its start), later response tokens hidden
+            cols = (b.masked[i] | b.comp[i]).nonzero().flatten()
+            lo, hi = int(cols.min()) - P, int(cols.max()) - P + 1
+            assert lo % 4 == 0 and hi == min(lo + 4, R) and len(cols) == hi - lo
+            assert b.hidden[i, P + hi:P + R].all() and not b.hidden[i, :P + hi].any()
+
+
+def test_select_samples_filters():
+    s = [sample([5], [6, EOS], [0, 0]), sample([5], [6, EOS], [0, 0], valid=False),
+         sample([5], [6, EOS], [0, 1], won=False), sample([5], [6, EOS], None, None)]
+    assert select_samples(s, DistillConfig(only_valid=True, only_success=False)) == [s[0], s[2]]
+    assert select_samples(s, DistillConfig(only_valid=True, only_success=True)) == [s[0]]
+    assert select_samples(s, DistillConfig(only_valid=False, only_success=False)) == s[:3]
+
+
+# ----------------------------------------------------------------------------- loss
+def test_loss_hand_computed():
+    L = torch.log
+    lg = L(torch.tensor([[[1., 2, 1], [1, 1, 8], [1, 1, 1], [1, 98, 1]]]))   # noisy copy, [1, 4, 3]
+    lgc = L(torch.tensor([[[1., 1, 1], [1, 1, 1], [1, 3, 1], [1, 1, 1]]]))  # complementary copy
+    target = torch.tensor([[1, 0, 1, 1]])
+    masked = torch.tensor([[True, True, False, True]])
+    comp = ~masked
+    loss, st = distill_terms(lg, lgc, target, masked, comp, DistillConfig(entropy_coef=2.0, entropy_temp=0.5))
+    ce = (math.log(2) + math.log(10) + math.log(100 / 98)) / 3
+    ce_c = math.log(5 / 3)
+    # entropy at T = 0.5 squares the probabilities: [1, 4, 1] / 6 and [1, 98^2, 1] / (98^2 + 2)
+    h0 = math.log(6) - (4 / 6) * math.log(4)
+    z = 98 ** 2 + 2
+    h3 = math.log(z) - (98 ** 2 / z) * math.log(98 ** 2)
+    h = (h0 + h3) / 2  # only positions 0 and 3 are predicted correctly
+    assert float(loss) == pytest.approx((ce + ce_c + 2 * h) / 4, rel=1e-5)
+    assert st["ce"] == pytest.approx(ce, rel=1e-5) and st["entropy"] == pytest.approx(h, rel=1e-5)
+    assert (st["correct"], st["confident"], st["masked"]) == (2, 1, 3)  # p = 0.98 > 0.95 only at position 3
+
+
+def _ref_logits_sdar(model, s, canvas):
+    """Independent reference: for every response block b, run the clean prefix [0, bK) followed by the
+    noisy block b under the plain block-causal inference mask; keep block b's rows."""
+    K, P, R = model.cfg.block_size, len(s.prompt_ids), len(s.response_ids)
+    clean = torch.tensor(s.prompt_ids + s.response_ids)
+    rows = []
+    for blk in range(P // K, (P + R - 1) // K + 1):
+        hi = min((blk + 1) * K, P + R)
+        x = torch.cat([clean[:blk * K], canvas[blk * K:hi]])[None]
+        rows.append(model(x)[0, blk * K:hi])
+    return torch.cat(rows)[P - (P // K) * K:]  # response rows
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+@torch.no_grad()
+def test_loss_matches_reference_forwards(family):
+    model = tiny(family)
+    rng = random.Random(4)
+    samples = [random_sample(rng, i) for i in range(5)]
+    cfg = DistillConfig()
+    b = build_batch(samples, family, 4, 0.2, 0.8, "confidence", PAD, torch.Generator().manual_seed(5))
+    lg, lgc = distill_logits(model, b)
+    s0 = b.start
+    ce = ce_c = 0.0
+    ents, nm, nc = [], 0, 0
+    for i, s in enumerate(samples):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        canv = [torch.where(b.masked[i] | b.hidden[i], MASK, b.ids[i]),
+                torch.where(b.comp[i] | b.hidden[i], MASK, b.ids[i])]
+        if family == "sdar":
+            ref = [_ref_logits_sdar(model, s, c) for c in canv]
+        else:  # one bidirectional forward of each canvas alone
+            ref = [model(c[None, :P + R])[0, P:] for c in canv]
+        for got, want in zip((lg[i, P - s0:P - s0 + R], lgc[i, P - s0:P - s0 + R]), ref):
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+        tgt = torch.tensor(s.response_ids)
+        for j in range(R):
+            lp0, lp1 = ref[0][j].log_softmax(-1), ref[1][j].log_softmax(-1)
+            if b.masked[i, P + j]:
+                ce, nm = ce - float(lp0[tgt[j]]), nm + 1
+                if int(ref[0][j].argmax()) == int(tgt[j]):
+                    q = (ref[0][j] / 0.5).softmax(-1)
+                    ents.append(float(-(q * q.log()).sum()))
+            if b.comp[i, P + j]:
+                ce_c, nc = ce_c - float(lp1[tgt[j]]), nc + 1
+    h = sum(ents) / max(len(ents), 1)
+    loss, st = distill_loss(model, b, cfg)
+    assert float(loss) == pytest.approx((ce / nm + ce_c / max(nc, 1) + 2.0 * h) / 4, rel=1e-4)
+
+
+# ----------------------------------------------------------------------------- step
+def test_micro_batching_gives_the_same_gradient():
+    rng = random.Random(6)
+    samples = [random_sample(rng, i) for i in range(6)]
+    grads = []
+    for mb in (6, 2):
+        model = tiny("sdar")
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        cfg = DistillConfig(micro_batch=mb, entropy_coef=0.0, batch_size=6)
+        distill_step(model, opt, samples, cfg, 0.3, gen=torch.Generator().manual_seed(7), grad_clip=0.0)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_step_lowers_loss_and_only_trains_lora():
+    rng = random.Random(8)
+    samples = [random_sample(rng, i) for i in range(8)]
+    model = apply_lora(tiny("sdar"), LoRAConfig(rank=4, alpha=8.0))
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-2)
+    cfg = DistillConfig(micro_batch=4)
+    first = [distill_step(model, opt, samples, cfg, 0.5, gen=torch.Generator().manual_seed(0))]
+    for _ in range(25):
+        last = distill_step(model, opt, samples, cfg, 0.5, gen=torch.Generator().manual_seed(0))
+    assert last["loss"] < 0.7 * first[0]["loss"]
+    assert first[0]["r_floor"] == pytest.approx(0.4) and last["samples_used"] == 8
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+    assert any(not torch.equal(p, lora[n]) for n, p in model.named_parameters() if n in lora)
+
+
+def test_step_without_usable_samples_and_bad_family():
+    model = tiny("sdar")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    m = distill_step(model, opt, [sample([5], [6, EOS], None, None)], DistillConfig(), 0.0)
+    assert m["skipped"] == 1.0 and m["samples_kept"] == 0
+    with pytest.raises(ValueError, match="qwen3"):
+        build_batch([sample([5], [6, EOS], [0, 1])], "qwen3", 1, 0.0, 0.8, "confidence", PAD)
+    with pytest.raises(ValueError, match="tie_break"):
+        mask_order([0, 1], None, "lexical")
