@@ -25,7 +25,7 @@ import torch
 
 from d3mini import dist
 from d3mini.config import ConfigError, load_config, save_config, to_dict
-from d3mini.data import Tokenizer, build_tiny_tokenizer, render_chat
+from d3mini.data import Tokenizer, build_tiny_tokenizer
 from d3mini.envs import env_module
 from d3mini.lora import apply_lora
 from d3mini.model import DiffusionLM
@@ -222,6 +222,19 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     bar.close()
 
 
+def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step):
+    """Rollouts of the current policy on n_tasks train tasks; the task draw depends only on
+    (key, step), so a resumed run draws the same tasks."""
+    rng = random.Random(cfg.train.seed * key + step)
+    tasks = [ids[rng.randrange(len(ids))] for _ in range(n_tasks)]
+    model.eval()
+    with torch.no_grad(), autocast(cfg):
+        out = rollout(model, tok, cfg.env, dcfg, tasks, group_size=group_size,
+                      seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
+    model.train()
+    return out
+
+
 def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.rl import rl_step
     ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
@@ -234,13 +247,8 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
         import copy
         ref = copy.deepcopy(model).eval().requires_grad_(False)
     while step < cfg.rl.steps:
-        rng = random.Random(cfg.train.seed * 7919 + step)  # task draw depends only on the step (resume-safe)
-        tasks = [ids[rng.randrange(len(ids))] for _ in range(cfg.rl.tasks_per_step)]
-        model.eval()
-        with torch.no_grad(), autocast(cfg):
-            samples, rm = rollout(model, tok, cfg.env, dcfg, tasks, group_size=cfg.rl.group_size,
-                                  seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
-        model.train()
+        samples, rm = policy_rollout(cfg, model, tok, dcfg, ids, cfg.rl.tasks_per_step, cfg.rl.group_size,
+                                     7919, step)
         samples = samples[: len(samples) - len(samples) % info.world]  # every rank trains an equal slice
         if not samples:
             raise FloatingPointError(f"rl step {step}: the rollout produced no usable step samples "
@@ -272,13 +280,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     while step < cfg.distill.steps:
         t0 = time.time()
         if not samples or step % cfg.distill.rollouts_every == 0:
-            rng = random.Random(cfg.train.seed * 104729 + step)
-            tasks = [ids[rng.randrange(len(ids))] for _ in range(cfg.distill.tasks_per_step)]
-            model.eval()
-            with torch.no_grad(), autocast(cfg):
-                samples, rm = rollout(model, tok, cfg.env, dcfg, tasks, group_size=cfg.distill.group_size,
-                                      seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
-            model.train()
+            samples, rm = policy_rollout(cfg, model, tok, dcfg, ids, cfg.distill.tasks_per_step,
+                                         cfg.distill.group_size, 104729, step)
         mine = samples[info.rank::info.world]
         with autocast(cfg):
             metrics = distill_step(model, opt, mine, cfg.distill, progress=step / max(cfg.distill.steps - 1, 1),
@@ -369,7 +372,7 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
     """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown."""
     import platform
     import subprocess
-    from d3mini.metrics import AUPError, aup
+    from d3mini.metrics import AUPError, aup, success_ci
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
@@ -381,9 +384,9 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
     for stage, rs in results.items():
         by = {float(r["threshold"]): r for r in rs}
         ref = by.get(0.95) or by.get(1.0) or rs[0]
-        n = max(int(ref.get("num_episodes", cfg.eval.num_tasks)), 1)
-        p = ref["success"]
-        se = 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
+        n = int(ref["num_episodes"]) - int(ref.get("failed_episodes", 0))
+        ci = success_ci(round(ref["success"] * n), n) if n > 0 else {"p": 0.0, "se": 0.0}
+        p, se = ci["p"], 100 * ci["se"]
         pts = [(r["tpf_denoise"], 100 * r["success"]) for r in rs]
         try:
             a = aup(pts, alpha=cfg.eval.alpha, y_max=y_max)

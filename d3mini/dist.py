@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import json
 import os
 import random
@@ -46,6 +45,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from d3mini.lora import lora_scales, merged_state_dict
+from d3mini.metrics import sha256_file  # torch-free helper shared with run records
 from d3mini.model import DTYPES, CheckpointError, DiffusionLM
 
 
@@ -203,14 +203,6 @@ def full_state_dict(model: nn.Module) -> dict:
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def _sha256(fp: str) -> str:
-    h = hashlib.sha256()
-    with open(fp, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_json(fp: str, obj) -> None:
     with open(fp, "w") as f:
         f.write(json.dumps(obj))
@@ -305,7 +297,7 @@ def save(path: str, step: int, model: nn.Module, optimizer=None, scheduler=None,
         _write_json(os.path.join(tmp, "state.json"), meta)
         files = sorted(os.listdir(tmp))
         _write_json(os.path.join(tmp, "manifest.json"),
-                    {f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": _sha256(os.path.join(tmp, f))}
+                    {f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": sha256_file(os.path.join(tmp, f))}
                      for f in files})
         _replace_dir(tmp, final)
         for d in _step_dirs(path)[:-keep] if keep > 0 else []:
@@ -328,7 +320,7 @@ def verify_checkpoint(ckpt: str, hashes: bool = True):
             return f"{name} missing"
         if os.path.getsize(fp) != want["size"]:
             return f"{name} has {os.path.getsize(fp)} bytes, manifest says {want['size']}"
-        if hashes and _sha256(fp) != want["sha256"]:
+        if hashes and sha256_file(fp) != want["sha256"]:
             return f"{name} sha256 differs from the manifest"
     return None
 
