@@ -127,6 +127,7 @@ def build_model(cfg, tok, info):
 
 
 def make_optimizer(cfg, model, lr: float, steps: int, warmup: int, min_ratio: float):
+    dist.reshard(model)  # after an eval / rollout forward the FSDP root holds unsharded, non-trainable copies
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.train.betas), weight_decay=cfg.train.weight_decay)
 
@@ -168,17 +169,17 @@ def finite_or_raise(loss, where: str):
 
 
 # ----------------------------------------------------------------------------- stages
-def sft_loss(model, batch, gen, info, norm):
+def sft_loss(model, batch, gen, info, norm, copies: int = 1):
     """The family's masked-diffusion SFT loss (rl.masked_loss) on this rank's rows of a global batch.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
     from d3mini.rl import batch_tokens, corrupt_iid, masked_loss
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
-    masked, p = (None, None) if model.cfg.family == "qwen3" else corrupt_iid(b, gen)
+    masked, p = (None, None) if model.cfg.family == "qwen3" else corrupt_iid(b, gen, copies=copies)
     idx = list(range(info.rank, len(batch), info.world))
     sb = b.select(idx)
-    sm = None if masked is None else masked[idx][:, : sb.ids.shape[1]]
+    sm = None if masked is None else masked[idx][..., : sb.ids.shape[1]]
     sp = None if p is None else p[idx]
     loss, stats = masked_loss(model, sb, sm, sp, norm)
     if norm == "tokens":
@@ -186,6 +187,25 @@ def sft_loss(model, batch, gen, info, norm):
     else:
         loss = loss * len(idx) / len(batch)
     return loss, stats
+
+
+def length_batches(lengths: list, batch_size: int, n_batches: int, seed: int, pool: int = 16) -> list:
+    """n_batches lists of sample indices: each epoch is a fresh permutation cut into pools of `pool`
+    batches; a pool is sorted by length before it is cut into batches, so rows of similar length are
+    padded together (~2x fewer padded tokens on agent prompts), and the batch order is shuffled again.
+    Deterministic in (seed, lengths), so every rank and a resumed run see the same batches."""
+    rs = np.random.RandomState(seed)
+    out = []
+    while len(out) < n_batches:
+        perm = rs.permutation(len(lengths))
+        epoch = []
+        for i in range(0, len(perm) - batch_size + 1, batch_size * pool):
+            chunk = sorted(perm[i:i + batch_size * pool], key=lambda j: lengths[j])
+            epoch += [chunk[k:k + batch_size] for k in range(0, len(chunk) - batch_size + 1, batch_size)]
+        if not epoch:  # fewer samples than one batch: sample with replacement
+            epoch = [list(rs.randint(0, len(lengths), batch_size))]
+        out += [epoch[k] for k in rs.permutation(len(epoch))]
+    return out[:n_batches]
 
 
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
@@ -197,15 +217,15 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     dist.print0(f"sft: {len(data)} expert step samples from {len(ids)} episodes (expert success {m['success']:.3f})")
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
     step = resume_into(cfg, model, opt, sch, start)
-    B = cfg.sft.batch_size
-    order = np.random.RandomState(cfg.train.seed).permutation(len(data) * (1 + cfg.sft.steps * B // max(len(data), 1)))
+    batches = length_batches([len(s.prompt_ids) + len(s.response_ids) for s in data], cfg.sft.batch_size,
+                             cfg.sft.steps, cfg.train.seed)
     bar = progress(cfg.sft.steps, step, "sft", info)
     while step < cfg.sft.steps:
         t0 = time.time()
-        batch = [data[i % len(data)] for i in order[step * B:(step + 1) * B]]
+        batch = [data[i] for i in batches[step]]
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
         with autocast(cfg):
-            loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm)
+            loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies)
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
@@ -219,6 +239,7 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         bar.set_postfix(loss=f"{rec['loss']:.3f}")
         bar.update(1)
         maybe_save(cfg, model, opt, sch, "sft", step, cfg.sft.steps)
+        crash_point("sft", step)
     bar.close()
 
 
@@ -257,6 +278,8 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
             metrics = rl_step(model, opt, samples, cfg.rl, ref_model=ref, rollout_metrics=rm, rank=info.rank,
                               world=info.world, grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm,
                               step=step)
+        # rl_step knows no process group: its loss is this rank's share of the global-normalised sum
+        metrics["loss"] = dist.all_reduce_sum(float(metrics["loss"]))
         sch.step()
         step += 1
         rec = {"stage": "rl", "step": step, **{f"rollout/{k}": v for k, v in rm.items() if k != "episodes"},
@@ -266,6 +289,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
         bar.update(1)
         dump(cfg, info, tok, samples, "rl", step)
         maybe_save(cfg, model, opt, sch, "rl", step, cfg.rl.steps)
+        crash_point("rl", step)
     bar.close()
 
 
@@ -297,6 +321,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         bar.update(1)
         dump(cfg, info, tok, samples, "distill", step)
         maybe_save(cfg, model, opt, sch, "distill", step, cfg.distill.steps)
+        crash_point("distill", step)
     bar.close()
 
 
@@ -330,6 +355,13 @@ def maybe_save(cfg, model, opt, sch, stage, step, total):
         dist.save(os.path.join(cfg.train.out_dir, "ckpt"), _STATE["global"] + step, model, opt, sch,
                   extra={"stage": stage, "stage_index": _STATE["stage_index"], "stage_step": step,
                          "done": step == total}, keep=cfg.train.keep_checkpoints)
+
+
+def crash_point(stage: str, step: int):
+    """Fault injection for the kill-and-resume test: D3MINI_CRASH_AT=<stage>:<step> ends the process
+    abruptly (no cleanup, like kill -9) right after that step."""
+    if os.environ.get("D3MINI_CRASH_AT") == f"{stage}:{step}":
+        os._exit(75)
 
 
 def resume_into(cfg, model, opt, sch, start) -> int:

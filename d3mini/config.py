@@ -109,6 +109,7 @@ class SFTConfig:
     warmup: int = 20                # linear warmup steps
     min_lr_ratio: float = 0.1       # cosine decay floor as a fraction of lr
     loss_norm: str = "tokens"       # tokens (divide by label tokens) | samples (per-sample answer length)
+    mask_copies: int = 1            # mask draws per sample (stratified t); sdar shares one clean prompt pass
 
 
 @dataclass
@@ -228,7 +229,7 @@ _CHOICES = {
 _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size", "model.num_layers",
              "model.num_heads", "model.num_kv_heads", "model.head_dim", "model.block_size",
              "model.rope_theta", "model.rms_norm_eps", "decode.block_size", "decode.max_new_tokens",
-             "env.max_steps", "sft.batch_size", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
+             "env.max_steps", "sft.batch_size", "sft.mask_copies", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
              "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "distill.batch_size", "distill.micro_batch",
              "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s"]
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",

@@ -195,6 +195,15 @@ def clip_grad_norm(params, max_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
+def reshard(model: nn.Module) -> None:
+    """Put FSDP2 modules back to their sharded parameters. The root is kept unsharded after a forward
+    (reshard_after_forward=False), and a forward without backward (decoding, no-grad scoring) leaves it
+    so: its registered parameters are then not the optimizer's, and optimizer state dicts fail."""
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def full_state_dict(model: nn.Module) -> dict:
     """Gathered CPU state dict on rank 0 ({} elsewhere); a collective under FSDP."""
     if world_size() == 1:
@@ -263,6 +272,7 @@ def save(path: str, step: int, model: nn.Module, optimizer=None, scheduler=None,
         raise TypeError(f"dist.save: extra and scheduler state must be JSON-serialisable (tensors allowed at "
                         f"the top level of extra): {e}") from None
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    reshard(model)
     msd = full_state_dict(model)
     osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     rank = dist.get_rank() if dist.is_initialized() else 0

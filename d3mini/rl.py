@@ -113,6 +113,17 @@ def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False):
     R, n = clean.shape
     cfg = model.cfg
     pos = torch.arange(n, device=clean.device)
+    if kind == "bd" and canvas.dim() == 3:  # C noisy copies [R, C, n] sharing one clean pass -> [R, C, n]
+        C, ns = canvas.shape[1], (start // cfg.block_size) * cfg.block_size
+        m = n - ns
+        attn = bd_training_mask(lengths, n, cfg.block_size, noisy_start=ns, copies=C)  # [R, 1, Cm + n, Cm + n]
+        x = torch.cat([canvas[:, :, ns:].reshape(R, C * m), clean], 1)                   # [R, Cm + n]
+        logits = model(x, torch.cat([pos[ns:].repeat(C), pos]), attn=attn, logits_rows=slice(0, C * m))
+        lsm = logits.float().log_softmax(-1).view(R, C, m, -1)[:, :, start - ns:]      # [R, C, n - start, V]
+        out = clean.new_zeros((R, C, n), dtype=torch.float32)
+        tgt = clean[:, None, start:].expand(R, C, n - start)
+        out[:, :, start:] = lsm.gather(-1, tgt[..., None]).squeeze(-1)
+        return out, None
     if kind == "bd":
         # the noisy copy of prompt-only blocks is never attended to: leave it out (exact, ~2x cheaper)
         ns = (start // cfg.block_size) * cfg.block_size
@@ -139,17 +150,29 @@ def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False):
     return out, ent
 
 
-def corrupt_iid(batch: Batch, gen: torch.Generator, tries: int = 10):
+def corrupt_iid(batch: Batch, gen: torch.Generator, tries: int = 10, copies: int = 1):
     """SDAR's SFT corruption (models.md §2.7): one t ~ U(0,1) per sample, p = (1-eps)t + eps, response
     tokens masked iid with p; a row with no mask is redrawn up to `tries` times, then one random
-    response token is forced. Returns (masked [B, n] bool, p [B])."""
-    eligible = batch.resp
+    response token is forced. Returns (masked [B, n] bool, p [B]).
+    copies = C > 1: C draws per sample with stratified t_c = (c + u_c) / C (lower variance than C iid
+    draws, the same expectation), returned as masked [B, C, n] and p [B, C]; see bd_training_mask."""
+    if copies > 1:
+        B, n = batch.ids.shape
+        u = torch.rand(B * copies, generator=gen, device=gen.device)
+        strata = torch.arange(copies, device=gen.device).repeat(B)
+        eligible = batch.resp.repeat_interleave(copies, 0)  # [B C, n] every row C times
+        m, p = _corrupt(eligible, gen, ((strata + u) / copies).to(eligible.device), tries)
+        return m.view(B, copies, n), p.view(B, copies)
+    return _corrupt(batch.resp, gen, None, tries)
+
+
+def _corrupt(eligible, gen, t, tries):
     B, n = eligible.shape
 
     def rand(*shape):
         return torch.rand(*shape, generator=gen, device=gen.device).to(eligible.device)
 
-    p = (1 - SDAR_EPS) * rand(B) + SDAR_EPS
+    p = (1 - SDAR_EPS) * (rand(B) if t is None else t) + SDAR_EPS
     m = torch.zeros_like(eligible)
     todo = torch.ones(B, dtype=torch.bool, device=eligible.device)
     for _ in range(tries):
@@ -175,6 +198,16 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens"):
         masked = b.resp
         lp, _ = score(model, b.ids, b.ids, b.lengths, "ar", start)
         per = -lp * masked
+    elif masked.dim() == 3:  # C mask draws per row [B, C, n]: the loss averages the copies
+        C = masked.shape[1]
+        canvas = torch.where(masked, cfg.mask_id, b.ids[:, None])  # [B, C, n]
+        if cfg.family == "sdar":
+            lp, _ = score(model, b.ids, canvas, b.lengths, "bd", start)
+        else:  # full attention: the copies are just more rows
+            lp, _ = score(model, b.ids.repeat_interleave(C, 0), canvas.flatten(0, 1),
+                          b.lengths.repeat_interleave(C), "canvas", start)
+            lp = lp.view_as(canvas)
+        per = (-lp * masked / p[:, :, None]).sum(1) / C  # [B, n]
     else:
         canvas = torch.where(masked, cfg.mask_id, b.ids)
         lp, _ = score(model, b.ids, canvas, b.lengths, "bd" if cfg.family == "sdar" else "canvas", start)
@@ -185,11 +218,12 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens"):
                   "masked": int(masked.sum())}
 
 
-def diffusion_loss(model, prompts: list, responses: list, gen: torch.Generator, norm: str = "tokens"):
+def diffusion_loss(model, prompts: list, responses: list, gen: torch.Generator, norm: str = "tokens",
+                   copies: int = 1):
     """The family's supervised (SFT) loss on a right-padded batch: corrupt_iid + masked_loss.
     Responses carry their final stop token, so the model learns to stop. Returns (loss, stats)."""
     b = batch_tokens(prompts, responses, model.cfg.pad_id, next(model.parameters()).device)
-    masked, p = (None, None) if model.cfg.family == "qwen3" else corrupt_iid(b, gen)
+    masked, p = (None, None) if model.cfg.family == "qwen3" else corrupt_iid(b, gen, copies=copies)
     return masked_loss(model, b, masked, p, norm)
 
 

@@ -92,6 +92,26 @@ def test_diffusion_loss_matches_unpadded_reference(family, norm):
     assert stats["tokens"] == sum(n)
 
 
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_mask_copies_equal_the_mean_of_single_copy_losses(family):
+    """C stratified mask draws in one [noisy_1 | ... | noisy_C | clean] pass = the mean of C ordinary
+    single-copy losses with the same masks, and the draws are stratified over t."""
+    model = tiny(family, block=2)
+    prompts, resps = [[5, 6, 7], [8], [9, 10, 11, 12, 5]], [[11, 12, 2], [13, 14, 15, 2], [12, 2]]
+    b = rl.batch_tokens(prompts, resps, 0)
+    C = 3
+    masked, p = rl.corrupt_iid(b, torch.Generator().manual_seed(5), copies=C)
+    assert masked.shape == (3, C, b.ids.shape[1]) and p.shape == (3, C)
+    assert (masked <= b.resp[:, None]).all() and masked.any(2).all()
+    t = (p - rl.SDAR_EPS) / (1 - rl.SDAR_EPS)
+    assert ((t >= torch.arange(C) / C - 1e-6) & (t <= (torch.arange(C) + 1) / C + 1e-6)).all()  # one per stratum
+    for norm in ("tokens", "samples"):
+        loss, _ = rl.masked_loss(model, b, masked, p, norm)
+        ref = sum(rl.masked_loss(model, b, masked[:, c], p[:, c], norm)[0] for c in range(C)) / C
+        assert torch.allclose(loss, ref, atol=1e-5), (norm, float(loss), float(ref))
+    loss.backward()
+
+
 def test_ar_scoring_matches_prefix_forwards():
     model = tiny("qwen3")
     prompts, resps = [[5, 6, 7], [8]], [[11, 2], [13, 14, 2]]
