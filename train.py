@@ -169,19 +169,20 @@ def finite_or_raise(loss, where: str):
 
 
 # ----------------------------------------------------------------------------- stages
-def sft_loss(model, batch, gen, info, norm, copies: int = 1):
+def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False):
     """The family's masked-diffusion SFT loss (rl.masked_loss) on this rank's rows of a global batch.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
     from d3mini.rl import batch_tokens, corrupt_iid, masked_loss
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
-    masked, p = (None, None) if model.cfg.family == "qwen3" else corrupt_iid(b, gen, copies=copies)
+    ar = ar or model.cfg.family == "qwen3"
+    masked, p = (None, None) if ar else corrupt_iid(b, gen, copies=copies)
     idx = list(range(info.rank, len(batch), info.world))
     sb = b.select(idx)
     sm = None if masked is None else masked[idx][..., : sb.ids.shape[1]]
     sp = None if p is None else p[idx]
-    loss, stats = masked_loss(model, sb, sm, sp, norm)
+    loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar)
     if norm == "tokens":
         loss = loss * sb.resp_len.sum() / b.resp_len.sum()
     else:
@@ -225,7 +226,8 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         batch = [data[i] for i in batches[step]]
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
         with autocast(cfg):
-            loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies)
+            loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,
+                                   ar=step < cfg.sft.ar_warmup)
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)

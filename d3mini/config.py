@@ -83,6 +83,8 @@ class EnvConfig:
     num_products: int = 300         # embedded WebShop catalog size
     num_goals: int = 1000           # embedded WebShop goals
     num_test_goals: int = 300       # held-out goals (fixed test split)
+    asin_chars: int = 8             # embedded WebShop: random characters after "B0" in an ASIN (8 = real form;
+                                    # tiny models copy a short id far sooner, see dev/LOG.md)
     data_dir: Optional[str] = None  # folder with real data files (WebShop json, Search jsonl, ALFWorld games)
     topk: int = 3                   # search: documents per <information>
     retriever_url: Optional[str] = None  # search: Search-R1 /retrieve server; None = embedded BM25
@@ -110,6 +112,7 @@ class SFTConfig:
     min_lr_ratio: float = 0.1       # cosine decay floor as a fraction of lr
     loss_norm: str = "tokens"       # tokens (divide by label tokens) | samples (per-sample answer length)
     mask_copies: int = 1            # mask draws per sample (stratified t); sdar shares one clean prompt pass
+    ar_warmup: int = 0              # first N steps use the AR loss (causal) on a from-scratch diffusion model
 
 
 @dataclass

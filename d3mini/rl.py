@@ -184,17 +184,18 @@ def _corrupt(eligible, gen, t, tries):
     return m | (todo[:, None] & (torch.arange(n, device=m.device)[None] == pick[:, None])), p
 
 
-def masked_loss(model, b: Batch, masked, p, norm: str = "tokens"):
+def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = False):
     """Supervised loss on response tokens for given masks (the prompt is never noised):
     sdar  one forward over [noisy | clean], sum over masked of CE / p (SDAR modeling_sdar.py)
     llada one full-attention forward of the noisy copy, the same sum (models.md §6.3)
     qwen3 shifted AR cross-entropy on every response token (masked, p unused)
     norm "tokens": / response tokens in the batch (SDAR); "samples": / each answer length, then / B
-    (LLaDA SFT). Returns (loss, stats)."""
+    (LLaDA SFT). ar=True: the AR loss on any family (causal attention; the AR warm start of a model
+    built from scratch, as SDAR itself starts from an AR checkpoint). Returns (loss, stats)."""
     if norm not in ("tokens", "samples"):
         raise ValueError(f"diffusion loss: norm = {norm!r}: must be tokens | samples")
     cfg, start = model.cfg, int(b.prompt_len.min())
-    if cfg.family == "qwen3":
+    if cfg.family == "qwen3" or ar:
         masked = b.resp
         lp, _ = score(model, b.ids, b.ids, b.lengths, "ar", start)
         per = -lp * masked

@@ -149,7 +149,8 @@ _SHOPS_LOCK = threading.Lock()
 
 def get_shop(cfg) -> Shop:
     """The (cached) shop for a config: the real files in cfg.data_dir, else the generated catalog."""
-    key = (cfg.data_dir, cfg.human_goals, cfg.seed, cfg.num_products, cfg.num_goals, cfg.num_test_goals)
+    key = (cfg.data_dir, cfg.human_goals, cfg.seed, cfg.num_products, cfg.num_goals, cfg.num_test_goals,
+           cfg.asin_chars)
     with _SHOPS_LOCK:
         if key not in _SHOPS:
             if cfg.data_dir:
@@ -157,7 +158,7 @@ def get_shop(cfg) -> Shop:
                 products = data.parse_products(raw, ins, cfg.seed)
                 goals = data.human_goals(products, hum, cfg.seed) if hum is not None else data.synthetic_goals(products, cfg.seed)
             else:
-                products = data.parse_products(*data.generate_raw(cfg.num_products, cfg.seed), cfg.seed)
+                products = data.parse_products(*data.generate_raw(cfg.num_products, cfg.seed, cfg.asin_chars), cfg.seed)
                 goals = data.synthetic_goals(products, cfg.seed)
                 if len(goals) < cfg.num_goals:
                     raise EnvError(f"env.num_goals={cfg.num_goals} but {cfg.num_products} products give only "

@@ -92,14 +92,17 @@ ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 # ----------------------------------------------------------------------------- generator
-def generate_raw(num_products: int, seed: int) -> tuple[list, dict]:
-    """A seeded catalog in WebShop's raw schema: (items_shuffle-style list, items_ins_v2-style dict)."""
+def generate_raw(num_products: int, seed: int, asin_chars: int = 8) -> tuple[list, dict]:
+    """A seeded catalog in WebShop's raw schema: (items_shuffle-style list, items_ins_v2-style dict).
+    ASINs are "B0" + asin_chars random characters (8 = WebShop's 10-character form)."""
+    if 36 ** asin_chars < 2 * num_products:
+        raise ValueError(f"env.asin_chars = {asin_chars} is too few for {num_products} distinct products")
     rng = random.Random(seed)
     products, ins, asins = [], {}, set()
     for i in range(num_products):
         term, cat, path, pool, groups, (lo, hi) = TYPES[i % len(TYPES)]
         while True:
-            asin = "B0" + "".join(rng.choice(ALPHABET) for _ in range(8))
+            asin = "B0" + "".join(rng.choice(ALPHABET) for _ in range(asin_chars))
             if asin not in asins:
                 asins.add(asin)
                 break
