@@ -112,6 +112,17 @@ def test_mask_copies_equal_the_mean_of_single_copy_losses(family):
     loss.backward()
 
 
+def test_ar_warmup_loss_on_a_diffusion_model_is_the_ar_loss():
+    """masked_loss(ar=True) on SDAR weights = the qwen3 (causal) loss of the same weights."""
+    sdar = tiny("sdar", block=2)
+    ar = tiny("qwen3", block=1)
+    ar.load_state_dict(sdar.state_dict())
+    b = rl.batch_tokens([[5, 6, 7], [8]], [[11, 12, 2], [13, 14, 15, 2]], 0)
+    got, _ = rl.masked_loss(sdar, b, None, None, "tokens", ar=True)
+    want, _ = rl.masked_loss(ar, b, None, None, "tokens")
+    assert torch.allclose(got, want, atol=1e-6)
+
+
 def test_ar_scoring_matches_prefix_forwards():
     model = tiny("qwen3")
     prompts, resps = [[5, 6, 7], [8]], [[11, 2], [13, 14, 2]]
