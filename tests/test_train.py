@@ -8,7 +8,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2", "model.head_dim=16",
-         "model.vocab_size=320", "sft.episodes=12", "sft.steps=3", "sft.batch_size=4", "sft.warmup=1",
+         "model.vocab_size=320", "sft.episodes=12", "sft.steps=3", "sft.ar_warmup=1", "sft.batch_size=4",
+         "sft.warmup=1",
          "rl.steps=1", "rl.tasks_per_step=2", "rl.group_size=2", "rl.minibatch=8", "rl.micro_batch=8",
          "distill.steps=1", "distill.tasks_per_step=1", "distill.group_size=2", "distill.batch_size=4",
          "env.max_steps=3", "env.num_products=60", "env.num_goals=80", "env.num_test_goals=20",
