@@ -109,27 +109,25 @@ def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False):
     predictive entropy [R, n] (None without `entropy`; differentiable only for entropy="grad").
     kind: bd = SDAR [noisy | clean] with the block-diffusion training mask (models.md §2.7);
     canvas = one copy under the family's own mask (LLaDA full attention, SDAR block-causal);
-    ar = causal, row j-1 predicts token j. The LM head runs only on rows >= start."""
+    ar = causal, row j-1 predicts token j. The LM head runs only on rows >= start (for C mask copies
+    [R, C, n] under bd: on every noisy row; returns [R, C, n])."""
     R, n = clean.shape
     cfg = model.cfg
     pos = torch.arange(n, device=clean.device)
-    if kind == "bd" and canvas.dim() == 3:  # C noisy copies [R, C, n] sharing one clean pass -> [R, C, n]
-        C, ns = canvas.shape[1], (start // cfg.block_size) * cfg.block_size
-        m = n - ns
-        attn = bd_training_mask(lengths, n, cfg.block_size, noisy_start=ns, copies=C)  # [R, 1, Cm + n, Cm + n]
-        x = torch.cat([canvas[:, :, ns:].reshape(R, C * m), clean], 1)                   # [R, Cm + n]
-        logits = model(x, torch.cat([pos[ns:].repeat(C), pos]), attn=attn, logits_rows=slice(0, C * m))
-        lsm = logits.float().log_softmax(-1).view(R, C, m, -1)[:, :, start - ns:]      # [R, C, n - start, V]
-        out = clean.new_zeros((R, C, n), dtype=torch.float32)
-        tgt = clean[:, None, start:].expand(R, C, n - start)
-        out[:, :, start:] = lsm.gather(-1, tgt[..., None]).squeeze(-1)
-        return out, None
+    copies = canvas.dim() == 3  # bd only: C noisy copies [R, C, n] sharing one clean pass
     if kind == "bd":
         # the noisy copy of prompt-only blocks is never attended to: leave it out (exact, ~2x cheaper)
-        ns = (start // cfg.block_size) * cfg.block_size
-        attn = bd_training_mask(lengths, n, cfg.block_size, noisy_start=ns)  # [R, 1, 2n - ns, 2n - ns]
-        logits = model(torch.cat([canvas[:, ns:], clean], 1), torch.cat([pos[ns:], pos]), attn=attn,
-                       logits_rows=slice(start - ns, n - ns))
+        cv = canvas if copies else canvas[:, None]  # [R, C, n]
+        C, ns = cv.shape[1], (start // cfg.block_size) * cfg.block_size
+        m = n - ns
+        attn = bd_training_mask(lengths, n, cfg.block_size, noisy_start=ns, copies=C)  # [R, 1, Cm + n, Cm + n]
+        x = torch.cat([cv[:, :, ns:].reshape(R, C * m), clean], 1)                       # [R, Cm + n]
+        rows = slice(0, C * m) if copies else slice(start - ns, m)
+        logits = model(x, torch.cat([pos[ns:].repeat(C), pos]), attn=attn, logits_rows=rows)
+        if copies:
+            logits = logits.view(R, C, m, -1)[:, :, start - ns:]  # [R, C, n - start, V]
+    elif copies:
+        raise ValueError(f"score: mask copies [R, C, n] need kind 'bd', got {kind!r}")
     elif kind == "canvas":
         logits = model(canvas, pos, attn=padding_mask(cfg.family, cfg.block_size, lengths, n),
                        logits_rows=slice(start, n))
@@ -139,14 +137,15 @@ def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False):
         logits = model(clean, pos, attn=padding_mask("qwen3", 1, lengths, n), logits_rows=slice(start - 1, n - 1))
     else:
         raise ValueError(f"unknown scoring kind {kind!r}")
-    lsm = logits.float().log_softmax(-1)  # [R, n - start, V]
-    out = clean.new_zeros((R, n), dtype=torch.float32)
-    out[:, start:] = lsm.gather(-1, clean[:, start:, None]).squeeze(-1)
+    lsm = logits.float().log_softmax(-1)  # [R, n - start, V] or [R, C, n - start, V]
+    tgt = clean[:, start:] if not copies else clean[:, None, start:].expand(R, lsm.shape[1], n - start)
+    out = clean.new_zeros(tgt.shape[:-1] + (n,), dtype=torch.float32)
+    out[..., start:] = lsm.gather(-1, tgt[..., None]).squeeze(-1)
     if not entropy:
         return out, None
     ent = torch.zeros_like(out)
     src = lsm if entropy == "grad" else lsm.detach()  # a graph through the entropy only when a loss uses it
-    ent[:, start:] = -(src.exp() * src).sum(-1)
+    ent[..., start:] = -(src.exp() * src).sum(-1)
     return out, ent
 
 
