@@ -61,6 +61,10 @@ def check_startup(cfg, info):
                     ("rl.minibatch", cfg.rl.minibatch)]:
         if n % info.world:
             raise ConfigError(f"{name} = {n} is not divisible by the world size {info.world}")
+    sched = cfg.sft.block_schedule
+    if sched and (cfg.model.family != "sdar" or sched[-1] != cfg.model.block_size or min(sched) < 1):
+        raise ConfigError(f"sft.block_schedule = {sched}: needs family sdar, sizes >= 1 and the last equal to "
+                          f"model.block_size = {cfg.model.block_size}")
     if cfg.model.family == "sdar" and cfg.decode.block_size != cfg.model.block_size:
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")
@@ -169,7 +173,7 @@ def finite_or_raise(loss, where: str):
 
 
 # ----------------------------------------------------------------------------- stages
-def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False):
+def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, block_size: int = 0):
     """The family's masked-diffusion SFT loss (rl.masked_loss) on this rank's rows of a global batch.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
@@ -182,7 +186,7 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False):
     sb = b.select(idx)
     sm = None if masked is None else masked[idx][..., : sb.ids.shape[1]]
     sp = None if p is None else p[idx]
-    loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar)
+    loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar, block_size=block_size)
     if norm == "tokens":
         loss = loss * sb.resp_len.sum() / b.resp_len.sum()
     else:
@@ -209,6 +213,17 @@ def length_batches(lengths: list, batch_size: int, n_batches: int, seed: int, po
     return out[:n_batches]
 
 
+def sft_block_size(cfg, step: int) -> int:
+    """SDAR block size of the SFT loss at `step`: sft.block_schedule splits the steps after the AR
+    warm-up into equal phases, one block size each (e.g. [2, 4, 8, 8]: grow the block as SDAR grows an
+    AR checkpoint into a block-diffusion model); empty = the model's block size throughout."""
+    sched = cfg.sft.block_schedule
+    if not sched or step < cfg.sft.ar_warmup:
+        return 0
+    done = (step - cfg.sft.ar_warmup) / max(cfg.sft.steps - cfg.sft.ar_warmup, 1)
+    return int(sched[min(int(done * len(sched)), len(sched) - 1)])
+
+
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
     rng = random.Random(cfg.train.seed)
@@ -227,7 +242,7 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
         with autocast(cfg):
             loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,
-                                   ar=step < cfg.sft.ar_warmup)
+                                   ar=step < cfg.sft.ar_warmup, block_size=sft_block_size(cfg, step))
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)

@@ -113,6 +113,8 @@ class SFTConfig:
     loss_norm: str = "tokens"       # tokens (divide by label tokens) | samples (per-sample answer length)
     mask_copies: int = 1            # mask draws per sample (stratified t); sdar shares one clean prompt pass
     ar_warmup: int = 0              # first N steps use the AR loss (causal) on a from-scratch diffusion model
+    block_schedule: list = field(default_factory=list)  # sdar: block sizes of equal phases after the warm-up,
+                                    # e.g. [2, 4, 8, 8]; the last must be model.block_size; [] = fixed
 
 
 @dataclass

@@ -104,13 +104,14 @@ def batch_tokens(prompts: list, responses: list, pad_id: int, device=None) -> Ba
 
 
 # ----------------------------------------------------------------------------- scoring
-def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False):
+def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False, block_size: int = 0):
     """Log-probs of the clean tokens given the corrupted canvas: [R, n] (0 before `start`), and the
     predictive entropy [R, n] (None without `entropy`; differentiable only for entropy="grad").
     kind: bd = SDAR [noisy | clean] with the block-diffusion training mask (models.md §2.7);
     canvas = one copy under the family's own mask (LLaDA full attention, SDAR block-causal);
     ar = causal, row j-1 predicts token j. The LM head runs only on rows >= start (for C mask copies
-    [R, C, n] under bd: on every noisy row; returns [R, C, n])."""
+    [R, C, n] under bd: on every noisy row; returns [R, C, n]). block_size > 0 replaces the model's block
+    size in the bd mask (SFT's block-size curriculum)."""
     R, n = clean.shape
     cfg = model.cfg
     pos = torch.arange(n, device=clean.device)
@@ -118,9 +119,10 @@ def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False):
     if kind == "bd":
         # the noisy copy of prompt-only blocks is never attended to: leave it out (exact, ~2x cheaper)
         cv = canvas if copies else canvas[:, None]  # [R, C, n]
-        C, ns = cv.shape[1], (start // cfg.block_size) * cfg.block_size
+        K = block_size or cfg.block_size
+        C, ns = cv.shape[1], (start // K) * K
         m = n - ns
-        attn = bd_training_mask(lengths, n, cfg.block_size, noisy_start=ns, copies=C)  # [R, 1, Cm + n, Cm + n]
+        attn = bd_training_mask(lengths, n, K, noisy_start=ns, copies=C)  # [R, 1, Cm + n, Cm + n]
         x = torch.cat([cv[:, :, ns:].reshape(R, C * m), clean], 1)                       # [R, Cm + n]
         rows = slice(0, C * m) if copies else slice(start - ns, m)
         logits = model(x, torch.cat([pos[ns:].repeat(C), pos]), attn=attn, logits_rows=rows)
@@ -183,14 +185,15 @@ def _corrupt(eligible, gen, t, tries):
     return m | (todo[:, None] & (torch.arange(n, device=m.device)[None] == pick[:, None])), p
 
 
-def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = False):
+def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = False, block_size: int = 0):
     """Supervised loss on response tokens for given masks (the prompt is never noised):
     sdar  one forward over [noisy | clean], sum over masked of CE / p (SDAR modeling_sdar.py)
     llada one full-attention forward of the noisy copy, the same sum (models.md §6.3)
     qwen3 shifted AR cross-entropy on every response token (masked, p unused)
     norm "tokens": / response tokens in the batch (SDAR); "samples": / each answer length, then / B
     (LLaDA SFT). ar=True: the AR loss on any family (causal attention; the AR warm start of a model
-    built from scratch, as SDAR itself starts from an AR checkpoint). Returns (loss, stats)."""
+    built from scratch, as SDAR itself starts from an AR checkpoint). block_size > 0: SDAR's mask with
+    that block size instead of the model's (a block-size curriculum). Returns (loss, stats)."""
     if norm not in ("tokens", "samples"):
         raise ValueError(f"diffusion loss: norm = {norm!r}: must be tokens | samples")
     cfg, start = model.cfg, int(b.prompt_len.min())
@@ -202,7 +205,7 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
         C = masked.shape[1]
         canvas = torch.where(masked, cfg.mask_id, b.ids[:, None])  # [B, C, n]
         if cfg.family == "sdar":
-            lp, _ = score(model, b.ids, canvas, b.lengths, "bd", start)
+            lp, _ = score(model, b.ids, canvas, b.lengths, "bd", start, block_size=block_size)
         else:  # full attention: the copies are just more rows
             lp, _ = score(model, b.ids.repeat_interleave(C, 0), canvas.flatten(0, 1),
                           b.lengths.repeat_interleave(C), "canvas", start)
@@ -210,7 +213,8 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
         per = (-lp * masked / p[:, :, None]).sum(1) / C  # [B, n]
     else:
         canvas = torch.where(masked, cfg.mask_id, b.ids)
-        lp, _ = score(model, b.ids, canvas, b.lengths, "bd" if cfg.family == "sdar" else "canvas", start)
+        lp, _ = score(model, b.ids, canvas, b.lengths, "bd" if cfg.family == "sdar" else "canvas", start,
+                      block_size=block_size)
         per = -lp * masked / p[:, None]
     loss = per.sum() / b.resp_len.sum() if norm == "tokens" else (per.sum(1) / b.resp_len).mean()
     ce = float((-lp.detach() * masked).sum() / masked.sum())

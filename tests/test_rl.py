@@ -123,6 +123,19 @@ def test_ar_warmup_loss_on_a_diffusion_model_is_the_ar_loss():
     assert torch.allclose(got, want, atol=1e-6)
 
 
+def test_block_size_override_equals_a_model_with_that_block_size():
+    """masked_loss(block_size=k) on a block-4 SDAR model = the loss of the same weights built with block k."""
+    big, small = tiny("sdar", block=4), tiny("sdar", block=2)
+    small.load_state_dict(big.state_dict())
+    b = rl.batch_tokens([[5, 6, 7], [8]], [[11, 12, 2, 9, 10], [13, 14, 15, 2]], 0)
+    for C in (1, 3):
+        masked, p = rl.corrupt_iid(b, torch.Generator().manual_seed(1), copies=C)
+        got, _ = rl.masked_loss(big, b, masked, p, block_size=2)
+        want, _ = rl.masked_loss(small, b, masked, p)
+        other, _ = rl.masked_loss(big, b, masked, p)
+        assert torch.allclose(got, want, atol=1e-6) and not torch.allclose(got, other, atol=1e-4)
+
+
 def test_ar_scoring_matches_prefix_forwards():
     model = tiny("qwen3")
     prompts, resps = [[5, 6, 7], [8]], [[11, 2], [13, 14, 2]]

@@ -130,3 +130,15 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
             if k in ("loss", "grad_norm", "rl/loss", "pg_loss") and isinstance(v, float):
                 assert abs(v - rb[key][k]) <= 1e-6 * max(1.0, abs(v)), (key, k, v, rb[key][k])
     _assert_same_weights(_weights(one), _weights(two), atol=2e-5)
+
+
+def test_sft_block_schedule_phases_and_errors(tmp_path):
+    sys.path.insert(0, ROOT)
+    import train
+    from d3mini.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["sft.steps=100", "sft.ar_warmup=20",
+                                                                  "sft.block_schedule=[2,4,8,8]"])
+    got = [train.sft_block_size(cfg, s) for s in (0, 19, 20, 39, 40, 60, 99)]
+    assert got == [0, 0, 2, 2, 4, 8, 8]  # 0 = AR warm-up / the model's own block size
+    r = run(["sft.block_schedule=[2,4]"], tmp_path / "a")
+    assert r.returncode == 2 and "sft.block_schedule" in r.stderr
