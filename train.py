@@ -173,22 +173,39 @@ def finite_or_raise(loss, where: str):
 
 
 # ----------------------------------------------------------------------------- stages
-def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, block_size: int = 0):
+def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, block_size: int = 0,
+             ar_prompt: bool = False, weight: str = "elbo"):
     """The family's masked-diffusion SFT loss (rl.masked_loss) on this rank's rows of a global batch.
+    block_size 1 (a block_schedule phase) masks every response token (p = 1): row j, fed a mask,
+    predicts token j from the clean tokens before it, i.e. next-token prediction with the diffusion
+    model's own unshifted head, so what it learns carries over when the block grows.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
     from d3mini.rl import batch_tokens, corrupt_iid, masked_loss
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
     ar = ar or model.cfg.family == "qwen3"
-    masked, p = (None, None) if ar else corrupt_iid(b, gen, copies=copies)
+    if ar:
+        masked, p = None, None
+    elif block_size == 1:  # one-token blocks, all masked: the AR loss in the unshifted diffusion parametrization
+        masked, p = b.resp, torch.ones(len(batch), device=b.ids.device)
+    else:
+        masked, p = corrupt_iid(b, gen, copies=copies)
     idx = list(range(info.rank, len(batch), info.world))
     sb = b.select(idx)
     sm = None if masked is None else masked[idx][..., : sb.ids.shape[1]]
     sp = None if p is None else p[idx]
-    loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar, block_size=block_size)
-    if norm == "tokens":
-        loss = loss * sb.resp_len.sum() / b.resp_len.sum()
+    ar_prompt = ar and ar_prompt
+    loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar, block_size=block_size, ar_prompt=ar_prompt,
+                              weight=weight)
+    if norm == "tokens":  # this rank's normaliser -> the global batch's
+        if ar_prompt:
+            total = (b.lengths - 1).sum()
+        elif weight == "uniform" and not ar:
+            total = masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
+        else:
+            total = b.resp_len.sum()
+        loss = loss * stats["tokens"] / float(total)
     else:
         loss = loss * len(idx) / len(batch)
     return loss, stats
@@ -242,7 +259,8 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
         with autocast(cfg):
             loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,
-                                   ar=step < cfg.sft.ar_warmup, block_size=sft_block_size(cfg, step))
+                                   ar=step < cfg.sft.ar_warmup, block_size=sft_block_size(cfg, step),
+                                   ar_prompt=cfg.sft.ar_prompt_loss, weight=cfg.sft.loss_weight)
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)

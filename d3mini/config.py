@@ -111,8 +111,10 @@ class SFTConfig:
     warmup: int = 20                # linear warmup steps
     min_lr_ratio: float = 0.1       # cosine decay floor as a fraction of lr
     loss_norm: str = "tokens"       # tokens (divide by label tokens) | samples (per-sample answer length)
+    loss_weight: str = "elbo"       # elbo (CE / p_mask, SDAR) | uniform (mean CE over masked tokens; tokens norm)
     mask_copies: int = 1            # mask draws per sample (stratified t); sdar shares one clean prompt pass
     ar_warmup: int = 0              # first N steps use the AR loss (causal) on a from-scratch diffusion model
+    ar_prompt_loss: bool = False    # the warm-up's AR loss also predicts the prompt tokens (more copy practice)
     block_schedule: list = field(default_factory=list)  # sdar: block sizes of equal phases after the warm-up,
                                     # e.g. [2, 4, 8, 8]; the last must be model.block_size; [] = fixed
 
@@ -223,6 +225,7 @@ _CHOICES = {
     "env.prompt": ("verl", "compact"),
     "env.obs_format": ("text", "compact"),
     "sft.loss_norm": ("tokens", "samples"),
+    "sft.loss_weight": ("elbo", "uniform"),
     "rl.algo": ("d3llm_v2", "d1", "espo", "bgpo", "gdpo", "grpo"),
     "rl.advantage": ("grpo", "mean", "loo"),
     "rl.gating": ("gate", "penalty", "none"),

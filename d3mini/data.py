@@ -13,7 +13,7 @@ import re
 from typing import Iterable, Optional
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 FAMILIES = ("sdar", "qwen3", "llada")
 
@@ -241,8 +241,13 @@ def build_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: st
     # Special tokens are matched before BPE at encode time, so they are cut out of the training text too.
     pieces = [p for text in texts for p in _TINY_SPLIT.split(text) if p]
     tok = tokenizers.Tokenizer(models.BPE())
+    # Byte-level BPE glues a word to the space before it, so "purple" in "click[purple]" and " purple" in
+    # "color: purple" would be two unrelated ids and every copy from the prompt into an action a learned
+    # lookup. Spelling "[" as "[ " (and back at decode) makes a bracketed word the same id as in running
+    # text: copying is copying an id. Text that itself holds "[ " decodes with the space dropped.
+    tok.normalizer = normalizers.Replace("[", "[ ")
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Replace("[ ", "[")])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(TINY_SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(pieces, trainer=trainer)

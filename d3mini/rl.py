@@ -185,7 +185,8 @@ def _corrupt(eligible, gen, t, tries):
     return m | (todo[:, None] & (torch.arange(n, device=m.device)[None] == pick[:, None])), p
 
 
-def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = False, block_size: int = 0):
+def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = False, block_size: int = 0,
+                ar_prompt: bool = False, weight: str = "elbo"):
     """Supervised loss on response tokens for given masks (the prompt is never noised):
     sdar  one forward over [noisy | clean], sum over masked of CE / p (SDAR modeling_sdar.py)
     llada one full-attention forward of the noisy copy, the same sum (models.md §6.3)
@@ -193,12 +194,26 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
     norm "tokens": / response tokens in the batch (SDAR); "samples": / each answer length, then / B
     (LLaDA SFT). ar=True: the AR loss on any family (causal attention; the AR warm start of a model
     built from scratch, as SDAR itself starts from an AR checkpoint). block_size > 0: SDAR's mask with
-    that block size instead of the model's (a block-size curriculum). Returns (loss, stats)."""
+    that block size instead of the model's (a block-size curriculum). ar_prompt (with ar): every token
+    after the first is a target, prompt included, and "tokens" divides by that count (language-model
+    practice on the agent's own transcripts: ~10x the targets of the response alone, same forward).
+    weight "elbo": CE / p as above (unbiased for the ELBO); "uniform": plain mean CE over the masked
+    tokens (no 1/p: a sample with p ~ 0.01 and one masked token no longer weighs 100x, so small batches
+    train without loss spikes; the objective is then a reweighted ELBO). Returns (loss, stats)."""
     if norm not in ("tokens", "samples"):
         raise ValueError(f"diffusion loss: norm = {norm!r}: must be tokens | samples")
+    if weight not in ("elbo", "uniform") or (weight == "uniform" and norm != "tokens"):
+        raise ValueError(f"diffusion loss: weight = {weight!r} with norm {norm!r}: elbo | uniform (tokens only)")
     cfg, start = model.cfg, int(b.prompt_len.min())
+    count = b.resp_len.sum()
+    if weight == "uniform" and masked is not None and not (cfg.family == "qwen3" or ar):
+        p, count = torch.ones_like(p), masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
     if cfg.family == "qwen3" or ar:
         masked = b.resp
+        if ar_prompt:
+            pos = torch.arange(b.ids.shape[1], device=b.ids.device)[None]
+            masked, start = (pos >= 1) & (pos < b.lengths[:, None]), 1
+            count = masked.sum()
         lp, _ = score(model, b.ids, b.ids, b.lengths, "ar", start)
         per = -lp * masked
     elif masked.dim() == 3:  # C mask draws per row [B, C, n]: the loss averages the copies
@@ -216,9 +231,12 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
         lp, _ = score(model, b.ids, canvas, b.lengths, "bd" if cfg.family == "sdar" else "canvas", start,
                       block_size=block_size)
         per = -lp * masked / p[:, None]
-    loss = per.sum() / b.resp_len.sum() if norm == "tokens" else (per.sum(1) / b.resp_len).mean()
+    if norm == "tokens":
+        loss = per.sum() / count
+    else:
+        loss = (per.sum(1) / (masked.sum(1) if ar_prompt else b.resp_len)).mean()
     ce = float((-lp.detach() * masked).sum() / masked.sum())
-    return loss, {"loss": float(loss.detach()), "ce_masked": ce, "tokens": int(b.resp_len.sum()),
+    return loss, {"loss": float(loss.detach()), "ce_masked": ce, "tokens": float(count),
                   "masked": int(masked.sum())}
 
 

@@ -222,6 +222,17 @@ def test_tiny_round_trip_random_text_with_special_tokens(tiny):
         assert tiny.decode(ids, skip_special=True) == plain
 
 
+def test_tiny_bracketed_word_is_the_running_text_id(tiny):
+    """A word inside an action's brackets is the same token id as in the task text, so an agent
+    copies ids; text that already holds "[ " still round-trips."""
+    in_text = tiny.encode("The goal says navy.")
+    in_action = tiny.encode("<action>search[navy shoes]</action>")
+    navy = tiny.token_to_id("Ġnavy")
+    assert navy is not None and navy in in_text and navy in in_action
+    for s in ["click[navy]", "a [ b", "[[ x]", "[", "x[ "]:
+        assert tiny.decode(tiny.encode(s)) == s
+
+
 def test_tiny_matches_transformers_fast_tokenizer(tiny, tmp_path):
     transformers = pytest.importorskip("transformers")
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=tiny.save(str(tmp_path)))

@@ -123,6 +123,39 @@ def test_ar_warmup_loss_on_a_diffusion_model_is_the_ar_loss():
     assert torch.allclose(got, want, atol=1e-6)
 
 
+def test_ar_prompt_loss_predicts_every_token_after_the_first():
+    """ar_prompt: the causal loss over prompt and response tokens, mean over len - 1 targets per row."""
+    sdar = tiny("sdar", block=2)
+    ar = tiny("qwen3", block=1)
+    ar.load_state_dict(sdar.state_dict())
+    rows = [[5, 6, 7, 11, 12, 2], [8, 13, 14, 15, 2]]
+    b = rl.batch_tokens([r[:3] for r in rows[:1]] + [rows[1][:1]], [rows[0][3:], rows[1][1:]], 0)
+    got, stats = rl.masked_loss(sdar, b, None, None, "tokens", ar=True, ar_prompt=True)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            x = torch.tensor([r])
+            lsm = ar(x).float().log_softmax(-1)[0]
+            nll -= float(lsm[:-1].gather(-1, x[0, 1:, None]).sum())
+            n += len(r) - 1
+    assert stats["tokens"] == n and abs(float(got) - nll / n) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_uniform_weight_is_the_mean_ce_over_masked_tokens(family):
+    """weight='uniform': no 1/p, divided by the masked count (per copy) = the plain masked-token CE."""
+    m = tiny(family, block=2)
+    b = rl.batch_tokens([[5, 6, 7], [8]], [[11, 12, 2, 9, 10], [13, 14, 15, 2]], 0)
+    for C in (1, 3):
+        masked, p = rl.corrupt_iid(b, torch.Generator().manual_seed(3), copies=C)
+        loss, st = rl.masked_loss(m, b, masked, p, weight="uniform")
+        assert abs(float(loss) - st["ce_masked"]) < 1e-5
+        elbo, _ = rl.masked_loss(m, b, masked, p)
+        assert abs(float(elbo) - float(loss)) > 1e-3
+    with pytest.raises(ValueError, match="weight"):
+        rl.masked_loss(m, b, masked, p, norm="samples", weight="uniform")
+
+
 def test_block_size_override_equals_a_model_with_that_block_size():
     """masked_loss(block_size=k) on a block-4 SDAR model = the loss of the same weights built with block k."""
     big, small = tiny("sdar", block=4), tiny("sdar", block=2)
