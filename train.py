@@ -174,14 +174,14 @@ def finite_or_raise(loss, where: str):
 
 # ----------------------------------------------------------------------------- stages
 def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, block_size: int = 0,
-             ar_prompt: bool = False, weight: str = "elbo"):
+             ar_prompt: bool = False, weight: str = "elbo", suffix: float = 0.0):
     """The family's masked-diffusion SFT loss (rl.masked_loss) on this rank's rows of a global batch.
     block_size 1 (a block_schedule phase) masks every response token (p = 1): row j, fed a mask,
     predicts token j from the clean tokens before it, i.e. next-token prediction with the diffusion
     model's own unshifted head, so what it learns carries over when the block grows.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
-    from d3mini.rl import batch_tokens, corrupt_iid, masked_loss
+    from d3mini.rl import batch_tokens, corrupt_iid, corrupt_suffix, masked_loss
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
     ar = ar or model.cfg.family == "qwen3"
@@ -189,18 +189,23 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
         masked, p = None, None
     elif block_size == 1:  # one-token blocks, all masked: the AR loss in the unshifted diffusion parametrization
         masked, p = b.resp, torch.ones(len(batch), device=b.ids.device)
+        if ar_prompt:  # ... over the prompt's tokens too
+            pos = torch.arange(b.ids.shape[1], device=b.ids.device)[None]
+            masked = (pos >= 1) & (pos < b.lengths[:, None])
+    elif suffix > 0:
+        masked, p = corrupt_suffix(b, gen, block_size or model.cfg.block_size, copies=copies, frac=suffix)
     else:
         masked, p = corrupt_iid(b, gen, copies=copies)
     idx = list(range(info.rank, len(batch), info.world))
     sb = b.select(idx)
     sm = None if masked is None else masked[idx][..., : sb.ids.shape[1]]
     sp = None if p is None else p[idx]
-    ar_prompt = ar and ar_prompt
+    ar_prompt = ar_prompt and (ar or block_size == 1)
     loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar, block_size=block_size, ar_prompt=ar_prompt,
                               weight=weight)
     if norm == "tokens":  # this rank's normaliser -> the global batch's
         if ar_prompt:
-            total = (b.lengths - 1).sum()
+            total = (b.lengths - 1).sum()  # every token after the first is a target (AR or one-token blocks)
         elif weight == "uniform" and not ar:
             total = masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
         else:
@@ -260,7 +265,8 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         with autocast(cfg):
             loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,
                                    ar=step < cfg.sft.ar_warmup, block_size=sft_block_size(cfg, step),
-                                   ar_prompt=cfg.sft.ar_prompt_loss, weight=cfg.sft.loss_weight)
+                                   ar_prompt=cfg.sft.ar_prompt_loss, weight=cfg.sft.loss_weight,
+                                   suffix=cfg.sft.suffix_masks)
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)

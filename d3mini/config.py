@@ -113,6 +113,7 @@ class SFTConfig:
     loss_norm: str = "tokens"       # tokens (divide by label tokens) | samples (per-sample answer length)
     loss_weight: str = "elbo"       # elbo (CE / p_mask, SDAR) | uniform (mean CE over masked tokens; tokens norm)
     mask_copies: int = 1            # mask draws per sample (stratified t); sdar shares one clean prompt pass
+    suffix_masks: float = 0.0       # sdar: fraction of mask draws that mask a suffix of each block (rl.corrupt_suffix)
     ar_warmup: int = 0              # first N steps use the AR loss (causal) on a from-scratch diffusion model
     ar_prompt_loss: bool = False    # the warm-up's AR loss also predicts the prompt tokens (more copy practice)
     block_schedule: list = field(default_factory=list)  # sdar: block sizes of equal phases after the warm-up,

@@ -167,6 +167,37 @@ def corrupt_iid(batch: Batch, gen: torch.Generator, tries: int = 10, copies: int
     return _corrupt(batch.resp, gen, None, tries)
 
 
+def corrupt_suffix(batch: Batch, gen: torch.Generator, block_size: int, copies: int = 1, frac: float = 1.0):
+    """Block-suffix masks: in every block (aligned at absolute position 0) a cut c = floor(u K), u ~ U(0,1)
+    per block, and the response tokens at block offsets >= c are masked; a block whose cut leaves none
+    of its response tokens masked masks its last one. These are the states a left-to-right pass through
+    a block visits (the prefix decoded, the rest masked), where copying from the prompt continues from a
+    known left neighbour; the later masked tokens still train parallel prediction. With copies = C the
+    cuts are stratified, u_c = (c + v) / C. Only a fraction `frac` of the draws (chosen at random) are
+    suffixes; the rest are corrupt_iid's. Returns (masked [B, n] or [B, C, n], p) with p = 1 for
+    suffix draws (use weight "uniform")."""
+    B, n = batch.ids.shape
+    K, C = block_size, copies
+    m_iid, p_iid = corrupt_iid(batch, gen, copies=C)
+    m_iid, p_iid = (m_iid, p_iid) if C > 1 else (m_iid[:, None], p_iid[:, None])
+    nb = (n + K - 1) // K
+    v = torch.rand(B, C, nb, generator=gen, device=gen.device)
+    u = (torch.arange(C, device=gen.device)[None, :, None] + v) / C
+    cut = (u * K).floor().long().to(batch.ids.device)                        # [B, C, nb]
+    pos = torch.arange(n, device=batch.ids.device)
+    off, blk = pos % K, pos // K
+    resp = batch.resp[:, None].expand(B, C, n)
+    m = resp & (off[None, None] >= cut.gather(2, blk[None, None].expand(B, C, n)))
+    # blocks with response tokens but nothing masked: mask their last response token
+    last = resp & ~torch.cat([resp[..., 1:] & (blk[1:] == blk[:-1])[None, None], torch.zeros_like(resp[..., :1])], -1)
+    has = torch.zeros(B, C, nb, dtype=torch.long, device=m.device).scatter_add_(2, blk.expand(B, C, n), m.long())
+    m = m | (last & (has.gather(2, blk.expand(B, C, n)) == 0))
+    use = (torch.rand(B, C, generator=gen, device=gen.device) < frac).to(m.device)
+    m = torch.where(use[..., None], m, m_iid)
+    p = torch.where(use, torch.ones_like(p_iid), p_iid)
+    return (m, p) if C > 1 else (m[:, 0], p[:, 0])
+
+
 def _corrupt(eligible, gen, t, tries):
     B, n = eligible.shape
 
@@ -197,6 +228,9 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
     that block size instead of the model's (a block-size curriculum). ar_prompt (with ar): every token
     after the first is a target, prompt included, and "tokens" divides by that count (language-model
     practice on the agent's own transcripts: ~10x the targets of the response alone, same forward).
+    ar_prompt on a diffusion loss: `masked` may cover prompt tokens (the noisy copy starts at position 1),
+    "tokens" divides by the masked count; with block_size 1 and all masked it is next-token prediction
+    over the whole transcript in the unshifted parametrization.
     weight "elbo": CE / p as above (unbiased for the ELBO); "uniform": plain mean CE over the masked
     tokens (no 1/p: a sample with p ~ 0.01 and one masked token no longer weighs 100x, so small batches
     train without loss spikes; the objective is then a reweighted ELBO). Returns (loss, stats)."""
@@ -208,6 +242,8 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
     count = b.resp_len.sum()
     if weight == "uniform" and masked is not None and not (cfg.family == "qwen3" or ar):
         p, count = torch.ones_like(p), masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
+    if ar_prompt and not (cfg.family == "qwen3" or ar):  # masks may cover prompt tokens: noise from position 1
+        start, count = 1, masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
     if cfg.family == "qwen3" or ar:
         masked = b.resp
         if ar_prompt:

@@ -156,6 +156,60 @@ def test_uniform_weight_is_the_mean_ce_over_masked_tokens(family):
         rl.masked_loss(m, b, masked, p, norm="samples", weight="uniform")
 
 
+def test_suffix_masks_are_block_suffixes_of_the_response():
+    """corrupt_suffix: inside every block the masked response tokens are a suffix of the block's
+    response tokens, every block holding response tokens has one masked, offset o of a full block is
+    masked with probability (o + 1) / K, and frac = 0 gives corrupt_iid's draw."""
+    K = 4
+    b = rl.batch_tokens([[5, 6, 7], [5, 6, 7, 8, 9, 10]], [[11] * 12 + [2], [12, 13, 2]], 0)
+    n = b.ids.shape[1]
+    blk = torch.arange(n) // K
+    hits, full = torch.zeros(K), 0
+    for seed in range(200):
+        for C in (1, 3):
+            m, p = rl.corrupt_suffix(b, torch.Generator().manual_seed(seed), K, copies=C)
+            m = m if C > 1 else m[:, None]
+            assert not (m & ~b.resp[:, None]).any() and (p == 1).all()
+            for r in range(2):
+                for c in range(C):
+                    for k in range(int(blk.max()) + 1):
+                        idx = [i for i in range(n) if blk[i] == k and b.resp[r, i]]
+                        if not idx:
+                            continue
+                        got = m[r, c, idx].tolist()
+                        assert any(got) and got == sorted(got), (r, k, got)  # False... then True...
+                        if r == 0 and len(idx) == K:
+                            hits += m[r, c, idx].float()
+                            full += 1
+    assert torch.allclose(hits / full, torch.arange(1, K + 1) / K, atol=0.05)
+    want, _ = rl.corrupt_iid(b, torch.Generator().manual_seed(7), copies=2)
+    got, _ = rl.corrupt_suffix(b, torch.Generator().manual_seed(7), K, copies=2, frac=0.0)
+    assert torch.equal(got, want)
+
+
+def test_one_token_blocks_over_the_prompt_are_unshifted_next_token_prediction():
+    """Block size 1, every token after the first masked, ar_prompt: each row j (fed a mask) is scored on
+    token j given the clean tokens before it, prompt included; the mean over len - 1 targets."""
+    m1 = tiny("sdar", block=1)
+    m4 = tiny("sdar", block=4)
+    m4.load_state_dict(m1.state_dict())
+    b = rl.batch_tokens([[5, 6, 7], [8]], [[11, 12, 2], [13, 14, 15, 2]], 0)
+    pos = torch.arange(b.ids.shape[1])[None]
+    masked = (pos >= 1) & (pos < b.lengths[:, None])
+    got, st = rl.masked_loss(m4, b, masked, torch.ones(2), block_size=1, ar_prompt=True, weight="uniform")
+    nll = 0.0
+    with torch.no_grad():
+        for r in range(2):
+            L = int(b.lengths[r])
+            for j in range(1, L):
+                row = b.ids[r:r + 1, :L]
+                canvas = row.clone()
+                canvas[0, j] = 3
+                lp, _ = rl.score(m1, row, canvas, b.lengths[r:r + 1], "canvas", j)
+                nll -= float(lp[0, j])
+    assert st["tokens"] == int(masked.sum()) and abs(float(got) - nll / int(masked.sum())) < 1e-5
+
+
 def test_block_size_override_equals_a_model_with_that_block_size():
     """masked_loss(block_size=k) on a block-4 SDAR model = the loss of the same weights built with block k."""
     big, small = tiny("sdar", block=4), tiny("sdar", block=2)
