@@ -115,7 +115,7 @@ class SFTConfig:
     mask_copies: int = 1            # mask draws per sample (stratified t); sdar shares one clean prompt pass
     suffix_masks: float = 0.0       # sdar: fraction of mask draws that mask a suffix of each block (rl.corrupt_suffix)
     ar_warmup: int = 0              # first N steps use the AR loss (causal) on a from-scratch diffusion model
-    ar_prompt_loss: bool = False    # the warm-up's AR loss also predicts the prompt tokens (more copy practice)
+    ar_prompt_loss: bool = False    # AR warm-up and one-token-block phases also predict the prompt's tokens
     block_schedule: list = field(default_factory=list)  # sdar: block sizes of equal phases after the warm-up,
                                     # e.g. [2, 4, 8, 8]; the last must be model.block_size; [] = fixed
 
