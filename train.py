@@ -65,6 +65,8 @@ def check_startup(cfg, info):
     if sched and (cfg.model.family != "sdar" or sched[-1] != cfg.model.block_size or min(sched) < 1):
         raise ConfigError(f"sft.block_schedule = {sched}: needs family sdar, sizes >= 1 and the last equal to "
                           f"model.block_size = {cfg.model.block_size}")
+    if cfg.sft.suffix_masks and (cfg.model.family != "sdar" or not 0 < cfg.sft.suffix_masks <= 1):
+        raise ConfigError(f"sft.suffix_masks = {cfg.sft.suffix_masks}: a fraction in (0, 1], family sdar only")
     if cfg.model.family == "sdar" and cfg.decode.block_size != cfg.model.block_size:
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")

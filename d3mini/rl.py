@@ -218,7 +218,7 @@ def _corrupt(eligible, gen, t, tries):
 
 def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = False, block_size: int = 0,
                 ar_prompt: bool = False, weight: str = "elbo"):
-    """Supervised loss on response tokens for given masks (the prompt is never noised):
+    """Supervised loss on response tokens for given masks (the prompt is not noised unless ar_prompt):
     sdar  one forward over [noisy | clean], sum over masked of CE / p (SDAR modeling_sdar.py)
     llada one full-attention forward of the noisy copy, the same sum (models.md §6.3)
     qwen3 shifted AR cross-entropy on every response token (masked, p unused)

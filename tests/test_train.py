@@ -142,3 +142,5 @@ def test_sft_block_schedule_phases_and_errors(tmp_path):
     assert got == [0, 0, 2, 2, 4, 8, 8]  # 0 = AR warm-up / the model's own block size
     r = run(["sft.block_schedule=[2,4]"], tmp_path / "a")
     assert r.returncode == 2 and "sft.block_schedule" in r.stderr
+    r = run(["sft.suffix_masks=1.5"], tmp_path / "b")
+    assert r.returncode == 2 and "sft.suffix_masks" in r.stderr
