@@ -183,7 +183,7 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
     model's own unshifted head, so what it learns carries over when the block grows.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
-    from d3mini.rl import batch_tokens, corrupt_iid, corrupt_suffix, masked_loss
+    from d3mini.rl import all_targets, batch_tokens, corrupt_iid, corrupt_suffix, masked_loss, per_copy_count
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
     ar = ar or model.cfg.family == "qwen3"
@@ -192,8 +192,7 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
     elif block_size == 1:  # one-token blocks, all masked: the AR loss in the unshifted diffusion parametrization
         masked, p = b.resp, torch.ones(len(batch), device=b.ids.device)
         if ar_prompt:  # ... over the prompt's tokens too
-            pos = torch.arange(b.ids.shape[1], device=b.ids.device)[None]
-            masked = (pos >= 1) & (pos < b.lengths[:, None])
+            masked = all_targets(b)
     elif suffix > 0:
         masked, p = corrupt_suffix(b, gen, block_size or model.cfg.block_size, copies=copies, frac=suffix)
     else:
@@ -209,7 +208,7 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
         if ar_prompt:
             total = (b.lengths - 1).sum()  # every token after the first is a target (AR or one-token blocks)
         elif weight == "uniform" and not ar:
-            total = masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
+            total = per_copy_count(masked)
         else:
             total = b.resp_len.sum()
         loss = loss * stats["tokens"] / float(total)

@@ -244,7 +244,7 @@ def build_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 512, family: st
     # Byte-level BPE glues a word to the space before it, so "purple" in "click[purple]" and " purple" in
     # "color: purple" would be two unrelated ids and every copy from the prompt into an action a learned
     # lookup. Spelling "[" as "[ " (and back at decode) makes a bracketed word the same id as in running
-    # text: copying is copying an id. Text that itself holds "[ " decodes with the space dropped.
+    # text: copying is copying an id. Decoding drops exactly the inserted space, so round trips stay exact.
     tok.normalizer = normalizers.Replace("[", "[ ")
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Replace("[ ", "[")])

@@ -88,6 +88,17 @@ class Batch:
         return Batch(self.ids[idx, :n], self.prompt_len[idx], self.resp_len[idx])
 
 
+def all_targets(b: Batch) -> torch.Tensor:
+    """[B, n] bool: every real token after the first (prompt included), the targets of ar_prompt."""
+    pos = torch.arange(b.ids.shape[1], device=b.ids.device)[None]
+    return (pos >= 1) & (pos < b.lengths[:, None])
+
+
+def per_copy_count(masked: torch.Tensor) -> torch.Tensor:
+    """Masked tokens per mask copy: masked.sum() for [B, n], masked.sum() / C for [B, C, n]."""
+    return masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
+
+
 def batch_tokens(prompts: list, responses: list, pad_id: int, device=None) -> Batch:
     """Token lists -> a right-padded Batch (padding = pad_id, only ever read through lengths)."""
     if len(prompts) != len(responses) or not prompts:
@@ -241,14 +252,13 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
     cfg, start = model.cfg, int(b.prompt_len.min())
     count = b.resp_len.sum()
     if weight == "uniform" and masked is not None and not (cfg.family == "qwen3" or ar):
-        p, count = torch.ones_like(p), masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
+        p, count = torch.ones_like(p), per_copy_count(masked)
     if ar_prompt and not (cfg.family == "qwen3" or ar):  # masks may cover prompt tokens: noise from position 1
-        start, count = 1, masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
+        start, count = 1, per_copy_count(masked)
     if cfg.family == "qwen3" or ar:
         masked = b.resp
         if ar_prompt:
-            pos = torch.arange(b.ids.shape[1], device=b.ids.device)[None]
-            masked, start = (pos >= 1) & (pos < b.lengths[:, None]), 1
+            masked, start = all_targets(b), 1
             count = masked.sum()
         lp, _ = score(model, b.ids, b.ids, b.lengths, "ar", start)
         per = -lp * masked
