@@ -175,36 +175,47 @@ def family_mask(family: str, block_size: int, q_pos, k_pos):
     return (kp // block_size <= qp // block_size)[:, None]
 
 
-def bd_training_mask(lengths: torch.Tensor, n: int, block_size: int, noisy_start: int = 0, copies: int = 1):
+def bd_training_mask(lengths: torch.Tensor, n: int, block_size: int, noisy_start=0, copies: int = 1):
     """SDAR's [noisy | clean] training mask (reference/models.md §2.7) for rows padded to n.
 
-    lengths [B] valid tokens per row -> bool [B, 1, C m + n, C m + n] with m = n - noisy_start, C = copies.
+    lengths [B] valid tokens per row -> bool [B, 1, C m + n, C m + n], C = copies.
     Noisy block b sees noisy block b of its own copy and clean blocks < b; clean block b sees clean
     blocks <= b; clean never sees noisy. The noisy copy may start at a block boundary `noisy_start`
-    (positions noisy_start..n-1): nothing attends to the noisy copy of earlier blocks, so when those
+    (positions noisy_start..): nothing attends to the noisy copy of earlier blocks, so when those
     hold only prompt tokens they can be left out exactly, which roughly halves a long-prompt forward.
+    noisy_start is an int shared by all rows (m = n - noisy_start) or a [B] tensor, one start per row
+    (m = max(lengths - noisy_start)): row r's noisy copy then holds positions noisy_start[r] .. + m - 1,
+    so rows whose prompts differ in length no longer pay for each other's prompt (noisy_positions).
     copies > 1 lays out C independently masked noisy copies [noisy_1 | ... | noisy_C | clean] that
     never see each other, so one pass over the (long) clean prompt supervises C mask draws.
     Padded keys are hidden; every query sees itself so padded rows never produce NaN.
-    Positions: noisy_start..n-1 for each noisy copy, 0..n-1 for the clean one.
     """
-    if noisy_start % block_size:
-        raise ValueError(f"noisy_start = {noisy_start} must be a multiple of block_size = {block_size}")
     dev = lengths.device
-    m = n - noisy_start
+    ns = torch.as_tensor(noisy_start, device=dev).expand(len(lengths))
+    if (ns % block_size).any():
+        raise ValueError(f"noisy_start = {noisy_start} must be a multiple of block_size = {block_size}")
+    m = n - int(noisy_start) if isinstance(noisy_start, int) else int((lengths - ns).clamp(min=0).max())
     i = torch.arange(copies * m + n, device=dev)
     noisy = i < copies * m
     copy = torch.where(noisy, i // max(m, 1), -1)  # which noisy copy a row belongs to (-1 = clean)
-    pos = torch.where(noisy, i % max(m, 1) + noisy_start, i - copies * m)  # absolute position of every row
+    pos = torch.where(noisy, i % max(m, 1) + ns[:, None], i - copies * m)  # [B, Cm + n] absolute positions
     blk = pos // block_size
     qn, kn = noisy[:, None], noisy[None, :]
-    qb, kb = blk[:, None], blk[None, :]
+    qb, kb = blk[:, :, None], blk[:, None, :]
     same_copy = copy[:, None] == copy[None, :]
     mask = ((qb == kb) & same_copy) | (qn & ~kn & (kb < qb)) | (~qn & ~kn & (kb <= qb))
-    valid = pos[None, :] < lengths[:, None]  # [B, C m + n] key is a real token
-    mask = mask[None] & valid[:, None, :]
+    valid = pos < lengths[:, None]  # [B, C m + n] key is a real token
+    mask = mask & valid[:, None, :]
     mask = mask | torch.eye(copies * m + n, dtype=torch.bool, device=dev)[None]
     return mask[:, None]
+
+
+def noisy_positions(lengths: torch.Tensor, noisy_start: torch.Tensor, n: int):
+    """Per-row noisy span of `bd_training_mask`: positions [B, m] (clamped into 0..n-1 so they can
+    index a [B, n] tensor) and a bool [B, m] that is True where the position is a real token."""
+    m = int((lengths - noisy_start).clamp(min=0).max())
+    col = noisy_start[:, None] + torch.arange(m, device=lengths.device)
+    return col.clamp(max=n - 1), col < lengths[:, None]
 
 
 def padding_mask(family: str, block_size: int, lengths: torch.Tensor, n: int):

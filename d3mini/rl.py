@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from d3mini.config import RLConfig
-from d3mini.model import bd_training_mask, padding_mask
+from d3mini.model import bd_training_mask, noisy_positions, padding_mask
 
 ALGO_DEFAULTS = {
     "d3llm_v2": {},
@@ -115,33 +115,54 @@ def batch_tokens(prompts: list, responses: list, pad_id: int, device=None) -> Ba
 
 
 # ----------------------------------------------------------------------------- scoring
-def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False, block_size: int = 0):
+def score(model, clean, canvas, lengths, kind: str, start, entropy=False, block_size: int = 0):
     """Log-probs of the clean tokens given the corrupted canvas: [R, n] (0 before `start`), and the
     predictive entropy [R, n] (None without `entropy`; differentiable only for entropy="grad").
     kind: bd = SDAR [noisy | clean] with the block-diffusion training mask (models.md §2.7);
     canvas = one copy under the family's own mask (LLaDA full attention, SDAR block-causal);
-    ar = causal, row j-1 predicts token j. The LM head runs only on rows >= start (for C mask copies
-    [R, C, n] under bd: on every noisy row; returns [R, C, n]). block_size > 0 replaces the model's block
-    size in the bd mask (SFT's block-size curriculum)."""
+    ar = causal, row j-1 predicts token j. `start`: an int, or a [R] tensor of per-row starts (the
+    prompt lengths). bd lays out each row's noisy copy from the block that holds its own start, so a
+    micro-batch of prompts of different lengths costs ~|response| + K noisy rows each instead of
+    n - min(start); canvas and ar score from the smallest start. The LM head runs only on noisy rows
+    (bd) or rows >= start. For C mask copies [R, C, n] under bd it returns [R, C, n]. block_size > 0
+    replaces the model's block size in the bd mask (SFT's block-size curriculum)."""
     R, n = clean.shape
     cfg = model.cfg
-    pos = torch.arange(n, device=clean.device)
+    dev = clean.device
+    pos = torch.arange(n, device=dev)
     copies = canvas.dim() == 3  # bd only: C noisy copies [R, C, n] sharing one clean pass
+    first = torch.as_tensor(start, device=dev)  # a shared start or one per row
+    start = int(first.min())
     if kind == "bd":
         # the noisy copy of prompt-only blocks is never attended to: leave it out (exact, ~2x cheaper)
         cv = canvas if copies else canvas[:, None]  # [R, C, n]
         K = block_size or cfg.block_size
-        C, ns = cv.shape[1], (start // K) * K
-        m = n - ns
+        first = first.expand(R)
+        C, ns = cv.shape[1], (first // K) * K
+        col, real = noisy_positions(lengths, ns, n)  # [R, m]
+        m = col.shape[1]
         attn = bd_training_mask(lengths, n, K, noisy_start=ns, copies=C)  # [R, 1, Cm + n, Cm + n]
-        x = torch.cat([cv[:, :, ns:].reshape(R, C * m), clean], 1)                       # [R, Cm + n]
-        rows = slice(0, C * m) if copies else slice(start - ns, m)
-        logits = model(x, torch.cat([pos[ns:].repeat(C), pos]), attn=attn, logits_rows=rows)
-        if copies:
-            logits = logits.view(R, C, m, -1)[:, :, start - ns:]  # [R, C, n - start, V]
-    elif copies:
+        noisy = cv.gather(2, col[:, None].expand(R, C, m)).reshape(R, C * m)
+        x = torch.cat([noisy, clean], 1)                                                     # [R, Cm + n]
+        logits = model(x, torch.cat([col.repeat(1, C), pos[None].expand(R, n)], 1), attn=attn,
+                       logits_rows=slice(0, C * m)).view(R, C, m, -1)
+        lsm = logits.float().log_softmax(-1)  # [R, C, m, V]
+        keep = (real & (col >= first[:, None]))[:, None].expand(R, C, m)
+        idx = col[:, None].expand(R, C, m)
+
+        def place(v):  # [R, C, m] -> [R, C, n] (or [R, n]): 0 outside each row's scored span
+            out = v.new_zeros(R, C, n).scatter_add(2, idx, torch.where(keep, v, 0.0))
+            return out if copies else out[:, 0]
+
+        tok = clean.gather(1, col)[:, None].expand(R, C, m)
+        out = place(lsm.gather(-1, tok[..., None]).squeeze(-1))
+        if not entropy:
+            return out, None
+        src = lsm if entropy == "grad" else lsm.detach()  # a graph through the entropy only when a loss uses it
+        return out, place(-(src.exp() * src).sum(-1))
+    if copies:
         raise ValueError(f"score: mask copies [R, C, n] need kind 'bd', got {kind!r}")
-    elif kind == "canvas":
+    if kind == "canvas":
         logits = model(canvas, pos, attn=padding_mask(cfg.family, cfg.block_size, lengths, n),
                        logits_rows=slice(start, n))
     elif kind == "ar":
@@ -150,15 +171,14 @@ def score(model, clean, canvas, lengths, kind: str, start: int, entropy=False, b
         logits = model(clean, pos, attn=padding_mask("qwen3", 1, lengths, n), logits_rows=slice(start - 1, n - 1))
     else:
         raise ValueError(f"unknown scoring kind {kind!r}")
-    lsm = logits.float().log_softmax(-1)  # [R, n - start, V] or [R, C, n - start, V]
-    tgt = clean[:, start:] if not copies else clean[:, None, start:].expand(R, lsm.shape[1], n - start)
-    out = clean.new_zeros(tgt.shape[:-1] + (n,), dtype=torch.float32)
-    out[..., start:] = lsm.gather(-1, tgt[..., None]).squeeze(-1)
+    lsm = logits.float().log_softmax(-1)  # [R, n - start, V]
+    out = clean.new_zeros((R, n), dtype=torch.float32)
+    out[:, start:] = lsm.gather(-1, clean[:, start:, None]).squeeze(-1)
     if not entropy:
         return out, None
     ent = torch.zeros_like(out)
     src = lsm if entropy == "grad" else lsm.detach()  # a graph through the entropy only when a loss uses it
-    ent[..., start:] = -(src.exp() * src).sum(-1)
+    ent[:, start:] = -(src.exp() * src).sum(-1)
     return out, ent
 
 
@@ -249,7 +269,7 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
         raise ValueError(f"diffusion loss: norm = {norm!r}: must be tokens | samples")
     if weight not in ("elbo", "uniform") or (weight == "uniform" and norm != "tokens"):
         raise ValueError(f"diffusion loss: weight = {weight!r} with norm {norm!r}: elbo | uniform (tokens only)")
-    cfg, start = model.cfg, int(b.prompt_len.min())
+    cfg, start = model.cfg, b.prompt_len  # per-row starts: bd skips each row's own prompt blocks
     count = b.resp_len.sum()
     if weight == "uniform" and masked is not None and not (cfg.family == "qwen3" or ar):
         p, count = torch.ones_like(p), per_copy_count(masked)
@@ -397,10 +417,13 @@ def seq_logp(model, batch: Batch, estimator: str, draws: MaskDraws, entropy=True
         raise ValueError(f"draws {tuple(draws.masked.shape)} do not match batch ids {tuple(batch.ids.shape)}")
     if model.cfg.family not in _FITS[estimator]:
         raise ValueError(f"rl.estimator = {estimator!r} does not fit model.family = {model.cfg.family!r}")
-    clean = batch.ids.repeat_interleave(D, 0)  # [B*D, n]
-    canvas = torch.where(draws.masked, model.cfg.mask_id, batch.ids[:, None]).reshape(B * D, n)
-    lp, ent = score(model, clean, canvas, batch.lengths.repeat_interleave(D), _SCORING[estimator],
-                    int(batch.prompt_len.min()), entropy)
+    canvas = torch.where(draws.masked, model.cfg.mask_id, batch.ids[:, None])  # [B, D, n]
+    if _SCORING[estimator] == "bd":  # the D noisy copies share one pass over the clean sequence
+        lp, ent = score(model, batch.ids, canvas, batch.lengths, "bd", batch.prompt_len, entropy)
+    else:
+        lp, ent = score(model, batch.ids.repeat_interleave(D, 0), canvas.reshape(B * D, n),
+                        batch.lengths.repeat_interleave(D), _SCORING[estimator],
+                        batch.prompt_len.repeat_interleave(D), entropy)
     terms = draws.weight * lp.view(B, D, n)  # [B, D, n]
     scored = draws.weight != 0
     ent = terms.new_zeros(B) if ent is None else \
@@ -552,9 +575,11 @@ AGG = {"d1": "token", "grpo": "token"}  # the rest: "seq"
 
 
 # ----------------------------------------------------------------------------- the update
-def _plan(B: int, cfg: RLConfig, step: int, rank: int, world: int) -> list:
+def _plan(B: int, cfg: RLConfig, step: int, rank: int, world: int, lengths=None) -> list:
     """Per epoch: minibatches as (all their indices, this rank's micro-batch index lists); the
-    shuffle is seeded and the same on every rank, each rank takes every world-th row."""
+    shuffle is seeded and the same on every rank, each rank takes every world-th row. With
+    `lengths`, each minibatch is ordered by length before it is cut into micro-batches: the update
+    (a sum over the minibatch) is the same, the padding much smaller."""
     if world > 1 and (B % world or cfg.minibatch % world):
         raise ValueError(f"{B} step samples / rl.minibatch = {cfg.minibatch} must be divisible by the "
                          f"world size {world} (every rank runs the same number of micro-batches)")
@@ -562,6 +587,8 @@ def _plan(B: int, cfg: RLConfig, step: int, rank: int, world: int) -> list:
     for j in range(cfg.epochs):
         perm = torch.randperm(B, generator=_gen((cfg.seed, step, j, "order"))).tolist()
         mbs = [perm[s: s + cfg.minibatch] for s in range(0, B, cfg.minibatch)]
+        if lengths is not None:
+            mbs = [sorted(mb, key=lambda i: (-int(lengths[i]), i)) for mb in mbs]
         mine = [mb[rank::world] for mb in mbs]
         plan.append([(mb, [m[s: s + cfg.micro_batch] for s in range(0, len(m), cfg.micro_batch)])
                      for mb, m in zip(mbs, mine)])
@@ -610,7 +637,7 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
     if old_logp is not None and est != "ar":
         raise ValueError(f"old_logp from the rollout is only usable with the ar estimator, not {est!r}")
     keys = [(cfg.seed, step, s.episode_id, s.step) for s in samples]
-    plan = _plan(len(samples), cfg, step, rank, world)
+    plan = _plan(len(samples), cfg, step, rank, world, batch.lengths.tolist())
     draws = [draw_masks(batch, scheme, D, [k + (j,) for k in keys], cfg.p_mask_prompt) for j in range(cfg.epochs)]
     parts = [(j, mi) for j, mbs in enumerate(plan) for _, micros in mbs for mi in micros]
 

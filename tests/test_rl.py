@@ -460,3 +460,26 @@ def test_rollout_old_logp_and_config_errors():
         rl.rl_step(model, torch.optim.Adam(model.parameters()), samples, rl.rl_config("grpo"))
     with pytest.raises(ValueError, match="does not fit model.family"):
         rl.rl_step(tiny("sdar"), torch.optim.Adam(model.parameters()), samples, rl.rl_config("grpo", kl="none"))
+
+
+def test_bd_per_row_start_scores_each_row_as_if_alone():
+    """bd scoring with one noisy start per row (the prompt lengths differ by several blocks) gives
+    every response token the log-prob and entropy it gets when its row is scored alone, for one
+    canvas and for C mask copies, and 0 before each row's start."""
+    model = tiny("sdar", block=4)
+    g = torch.Generator().manual_seed(3)
+    prompts = [list(torch.randint(4, 16, (k,), generator=g)) for k in (3, 13, 22)]
+    resps = [[11, 12, 2], [13, 14, 15, 10, 12, 2], [9, 2]]
+    b = rl.batch_tokens([[int(t) for t in q] for q in prompts], resps, 0)
+    masked, _ = rl.corrupt_iid(b, torch.Generator().manual_seed(1), copies=2)
+    canvas = torch.where(masked, 3, b.ids[:, None])  # [B, 2, n]
+    with torch.no_grad():
+        for cv in (canvas, canvas[:, 1]):
+            lp, ent = rl.score(model, b.ids, cv, b.lengths, "bd", b.prompt_len, entropy=True)
+            for r in range(3):
+                L, P = int(b.lengths[r]), int(b.prompt_len[r])
+                one, e1 = rl.score(model, b.ids[r:r + 1, :L], cv[r:r + 1, ..., :L], b.lengths[r:r + 1], "bd", P,
+                                   entropy=True)
+                assert torch.allclose(lp[r, ..., :L], one[0], atol=1e-5)
+                assert torch.allclose(ent[r, ..., :L], e1[0], atol=1e-5)
+                assert (lp[r, ..., :P] == 0).all() and (lp[r, ..., P:L] != 0).all()
