@@ -511,6 +511,12 @@ def main(argv=None):
         dist.load(ck, model)
         cur, done = int(extra["stage_index"]), bool(extra.get("done"))
         dist.print0(f"resuming from {ck} (stage {extra['stage']}, step {extra['stage_step']})")
+        budget = getattr(cfg, extra["stage"]).steps
+        if done and int(extra["stage_step"]) < budget:  # a larger budget for the finished stage: go on
+            done = False  # its schedule is rebuilt for the new step count; its evaluation and later ones are stale
+            for stage in cfg.train.stages[cur:]:
+                results.pop(stage, None)
+            dist.print0(f"extending stage {extra['stage']} from {extra['stage_step']} to {budget} steps")
     for si, stage in enumerate(cfg.train.stages):
         _STATE["stage_index"], _STATE["global"] = si, 100000 * si  # checkpoint folders sort by stage, step
         if si > cur or (si == cur and not done):

@@ -41,6 +41,21 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
         [x for x in recs if x["stage"] in ("sft", "rl", "distill")]
 
 
+def test_resume_with_a_larger_budget_extends_the_finished_stage(tmp_path):
+    """A finished SFT resumed with more steps trains on from its checkpoint and is evaluated again."""
+    out = tmp_path / "run"
+    args = ["train.stages=[sft]", "eval.sweep=[1.0]", "eval.thresholds=[1.0]"]
+    r = run(args, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r2 = run(["--resume", "sft.steps=4", *args], out)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "extending stage sft from 3 to 4 steps" in r2.stdout
+    recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert [x["step"] for x in recs if x["stage"] == "sft"] == [1, 2, 3, 4]
+    assert sum(1 for x in recs if x["stage"] == "eval/sft") == 2
+    assert json.load(open(out / "ckpt" / "step_00000004" / "state.json"))["extra"]["done"]
+
+
 def test_startup_errors(tmp_path):
     r = run(["model.path=/nonexistent/ckpt"], tmp_path / "a")
     assert r.returncode == 2 and "model.path" in r.stderr and "not found" in r.stderr
