@@ -144,17 +144,6 @@ def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, ti
 
 
 # ----------------------------------------------------------------------------- loss
-def bd3_mask(lengths, n: int, K: int, ns: int, copies: int):
-    """[noisy | (complement) | clean] mask: bool [B, 1, c m + n, c m + n] with m = n - ns. Each noisy
-    copy attends exactly like the noisy copy of `bd_training_mask` and never sees the other."""
-    M = bd_training_mask(lengths, n, K, noisy_start=ns)  # [B, 1, m + n, m + n]
-    m, dev = n - ns, lengths.device
-    idx = torch.cat([torch.arange(m, device=dev)] * copies + [torch.arange(m, m + n, device=dev)])
-    cid = torch.cat([torch.full((m,), c, device=dev) for c in range(copies)] + [torch.full((n,), copies, device=dev)])
-    other_noisy = (cid[:, None] != cid[None, :]) & (cid[:, None] < copies) & (cid[None, :] < copies)
-    return M[:, :, idx][:, :, :, idx] & ~other_noisy
-
-
 def distill_logits(model, b: DistillBatch, complementary: bool = True):
     """Logits at positions start..n-1 of the noisy and complementary copies: ([B, n - start, V], same or None)."""
     cfg, (B, n), c = model.cfg, b.ids.shape, 2 if complementary else 1
@@ -166,7 +155,8 @@ def distill_logits(model, b: DistillBatch, complementary: bool = True):
         m = n - ns
         x = torch.cat([noisy[:, ns:]] + ([cmp[:, ns:]] if complementary else []) + [b.ids], 1)  # [B, c m + n]
         rows = torch.cat([torch.arange(j * m + b.start - ns, (j + 1) * m, device=pos.device) for j in range(c)])
-        lg = model(x, torch.cat([pos[ns:]] * c + [pos]), attn=bd3_mask(b.lengths, n, b.block_size, ns, c),
+        attn = bd_training_mask(b.lengths, n, b.block_size, ns, copies=c)  # copies never see each other
+        lg = model(x, torch.cat([pos[ns:]] * c + [pos]), attn=attn,
                    logits_rows=rows)  # [B, c (n - start), V]
         parts = lg.split(n - b.start, dim=1)
     elif cfg.family == "llada":

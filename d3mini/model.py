@@ -194,7 +194,7 @@ def bd_training_mask(lengths: torch.Tensor, n: int, block_size: int, noisy_start
     ns = torch.as_tensor(noisy_start, device=dev).expand(len(lengths))
     if (ns % block_size).any():
         raise ValueError(f"noisy_start = {noisy_start} must be a multiple of block_size = {block_size}")
-    m = n - int(noisy_start) if isinstance(noisy_start, int) else int((lengths - ns).clamp(min=0).max())
+    m = n - int(noisy_start) if isinstance(noisy_start, int) else noisy_positions(lengths, ns, n)[0].shape[1]
     i = torch.arange(copies * m + n, device=dev)
     noisy = i < copies * m
     copy = torch.where(noisy, i // max(m, 1), -1)  # which noisy copy a row belongs to (-1 = clean)
