@@ -3,6 +3,7 @@
     python eval.py --config configs/webshop.yaml --ckpt runs/webshop-sdar8b/export --threshold 0.95
     python eval.py --config configs/tiny.yaml --ckpt runs/tiny/export --sweep 0.9:1.0:0.05 eval.num_tasks=50
     python eval.py --aup 1.447:3.4 2.944:57.2 --alpha 3          # AUP of given TPF:ACC points, no model
+    python eval.py --compare runs/a/eval.json runs/b/eval.json    # success change, paired s.e., no model
 
 Without --threshold or --sweep the config's eval.sweep is run. Remaining arguments are config
 overrides (`section.key=value` or `--section.key value`). Each threshold tau runs one episode per
@@ -23,8 +24,8 @@ import os
 import sys
 
 from d3mini.config import ConfigError, load_config
-from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, plot_acc_vs_tpf,
-                            results_markdown, run_record)
+from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, paired_difference,
+                            plot_acc_vs_tpf, results_markdown, run_record)
 
 
 class UsageError(ValueError):
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threshold", help="one decode threshold tau in [0, 1]")
     g.add_argument("--sweep", help="START:STOP:STEP (ends included) or T1,T2,...; default eval.sweep")
     g.add_argument("--aup", nargs="+", metavar="TPF:ACC", help="print the AUP of these points and exit")
+    g.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="success change between two result JSONs of this script, per threshold, with the "
+                        "paired standard error over their shared tasks; no model")
     p.add_argument("--split", help="task split (default eval.split)")
     p.add_argument("--num-tasks", type=int, help="held-out tasks (default eval.num_tasks; 0 = all)")
     p.add_argument("--alpha", type=float, help="AUP alpha (default eval.alpha = 3)")
@@ -105,6 +109,39 @@ def aup_main(ns) -> int:
     print(f"alpha {alpha:g}, y_max {y_max:g} ({'given' if ns.y_max is not None else 'best accuracy given'}); "
           "W: " + " ".join(f"{aup_weight(y, alpha, y_max):.6f}" for _, y in kept))
     print(f"{aup(points, alpha, y_max):.3f}")
+    return 0
+
+
+def _outcomes(path: str) -> dict:
+    """threshold -> {task_id: 1 | 0 | None} from an eval JSON written by this script."""
+    try:
+        with open(path) as f:
+            rows = json.load(f)["results"]
+        return {float(r["threshold"]): {e["task_id"]: None if e["failed"] else int(e["won"]) for e in r["episodes"]}
+                for r in rows}
+    except FileNotFoundError:
+        raise UsageError(f"--compare: {path} not found") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--compare: {path} is not an eval.py result JSON with episodes ({e!r})") from None
+
+
+def compare_main(ns) -> int:
+    """Per shared threshold: both success rates on the shared tasks, the change, and its paired s.e."""
+    before, after = (_outcomes(p) for p in ns.compare)
+    taus = sorted(set(before) & set(after), reverse=True)
+    if not taus:
+        raise UsageError(f"--compare: no threshold in common ({sorted(before)} vs {sorted(after)})")
+    print("| tau | tasks | before % | after % | change (paired s.e.) | gained | lost |")
+    print("|---|---|---|---|---|---|---|")
+    for t in taus:
+        ids = [i for i in before[t] if i in after[t]]
+        a, b = [before[t][i] for i in ids], [after[t][i] for i in ids]
+        try:
+            d = paired_difference(a, b)
+        except ValueError as e:
+            raise UsageError(f"--compare tau {t:g}: {e}") from None
+        print(f"| {t:g} | {d['n']} | {100 * d['before']:.1f} | {100 * d['after']:.1f} | {100 * d['diff']:+.1f} ± {100 * d['se']:.1f} | "
+              f"{d['gained']} | {d['lost']} |")
     return 0
 
 
@@ -209,6 +246,10 @@ def main(argv=None) -> int:
             if ns.ckpt or ns.config or rest:
                 raise UsageError("--aup takes only points, --alpha and --y-max (no model, config or overrides)")
             return aup_main(ns)
+        if ns.compare is not None:
+            if ns.ckpt or ns.config or rest:
+                raise UsageError("--compare takes two result JSONs only (no model, config or overrides)")
+            return compare_main(ns)
         return eval_main(ns, rest)
     except (UsageError, ConfigError, AUPError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

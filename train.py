@@ -27,6 +27,7 @@ from d3mini import dist
 from d3mini.config import ConfigError, load_config, save_config, to_dict
 from d3mini.data import Tokenizer, build_tiny_tokenizer
 from d3mini.envs import env_module
+from d3mini.metrics import task_outcomes
 from d3mini.lora import apply_lora
 from d3mini.model import DiffusionLM
 from d3mini.rollout import format_samples, rollout
@@ -247,11 +248,34 @@ def sft_block_size(cfg, step: int) -> int:
     return int(sched[min(int(done * len(sched)), len(sched) - 1)])
 
 
-def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
+def sft_task_ids(cfg) -> list:
+    """The train tasks of the SFT demonstrations: the first sft.episodes, or a seeded draw with
+    repeats when the split is smaller."""
     ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    if len(ids) >= cfg.sft.episodes:
+        return ids[:cfg.sft.episodes]
     rng = random.Random(cfg.train.seed)
-    ids = [ids[rng.randrange(len(ids))] for _ in range(cfg.sft.episodes)] if len(ids) < cfg.sft.episodes \
-        else ids[:cfg.sft.episodes]
+    return [ids[rng.randrange(len(ids))] for _ in range(cfg.sft.episodes)]
+
+
+def policy_task_ids(cfg, goals: str) -> list:
+    """Train tasks for RL / distill rollouts. `unseen` leaves out the SFT demonstrations' tasks, so
+    that the policy is trained where the SFT model has to generalise (it can memorise its own)."""
+    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    if goals == "train":
+        return ids
+    if goals != "unseen":
+        raise ConfigError(f"goals={goals!r}: expected train | unseen")
+    seen = set(sft_task_ids(cfg))
+    rest = [i for i in ids if i not in seen]
+    if not rest:
+        raise ConfigError(f"goals=unseen: all {len(ids)} train tasks are SFT tasks (sft.episodes="
+                          f"{cfg.sft.episodes}); raise env.num_goals")
+    return rest
+
+
+def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
+    ids = sft_task_ids(cfg)
     data, m = rollout(None, tok, cfg.env, cfg.decode, ids, expert=True, seed=cfg.train.seed)
     dist.print0(f"sft: {len(data)} expert step samples from {len(ids)} episodes (expert success {m['success']:.3f})")
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
@@ -300,7 +324,7 @@ def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step):
 
 def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.rl import rl_step
-    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    ids = policy_task_ids(cfg, cfg.rl.goals)
     opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.rl.steps, step, "rl", info)
@@ -337,7 +361,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
 
 def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.distill import distill_step
-    ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
+    ids = policy_task_ids(cfg, cfg.distill.goals)
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
@@ -434,6 +458,7 @@ def run_eval(cfg, model, tok, stage, info, log):
             _, m = rollout(model, tok, cfg.env, _decode(cfg, threshold=float(tau), temperature=0.0), ids,
                            seed=cfg.train.seed, batch_size=cfg.eval.batch_episodes)
         row = {"threshold": float(tau), **{k: v for k, v in m.items() if k != "episodes"}}
+        row["wins"] = task_outcomes(ids, m["episodes"])  # per task, for the paired stage-to-stage change
         rows.append(row)
         log.log({"stage": f"eval/{stage}", **row})
         dist.print0(f"eval {stage} tau={tau}: success {m['success']:.3f} score {m['score']:.3f} "
@@ -446,13 +471,15 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
     """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown."""
     import platform
     import subprocess
-    from d3mini.metrics import AUPError, aup, success_ci
+    from d3mini.metrics import AUPError, aup, paired_difference, success_ci
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"
-    rows = ["| stage | success % (± s.e.) | score | valid | TPF @0.95 | TPF @1.0 | AUP |", "|---|---|---|---|---|---|---|"]
+    rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | TPF @0.95 | TPF @1.0 | AUP |",
+            "|---|---|---|---|---|---|---|---|"]
+    prev = None
     all_acc = [100 * r["success"] for rs in results.values() for r in rs]
     y_max = cfg.eval.y_max if cfg.eval.y_max is not None else max(all_acc, default=0.0)
     for stage, rs in results.items():
@@ -467,7 +494,12 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
         except AUPError:  # a curve whose fastest point lost > 5 points is rejected (metrics.md §2)
             a = float("nan")
         tpf = lambda t: f"{by[t]['tpf_denoise']:.2f}" if t in by else "-"
-        rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {ref['score']:.3f} | {ref['valid_ratio']:.3f} | "
+        delta = "-"
+        if prev is not None and prev.get("wins") and ref.get("wins") and len(prev["wins"]) == len(ref["wins"]):
+            d = paired_difference(prev["wins"], ref["wins"])
+            delta = f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f}"
+        prev = ref
+        rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | {ref['valid_ratio']:.3f} | "
                     f"{tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cpus, torch {torch.__version__}), commit {commit}, wall-clock {wall / 60:.1f} min\n"

@@ -146,6 +146,7 @@ class RLConfig:
     seed: int = 0                   # mask-draw seed base
     mask_scheme: str = "auto"       # ELBO mask draws: auto (algo/estimator default) | stratified | coupled | sdmc
     dual_clip: float = 3.0          # verl dual-clip bound c for A < 0 (grpo, bgpo); 0 = off
+    goals: str = "train"            # train (every train task) | unseen (train tasks the SFT stage did not use)
 
 
 @dataclass
@@ -163,6 +164,7 @@ class DistillConfig:
     only_success: bool = False      # train only on steps of successful episodes
     tie_break: str = "confidence"   # confidence | random: order among tokens committed at the same forward
     threshold: float = 0.95         # decode threshold for the rollouts that make targets
+    goals: str = "train"            # train | unseen, as rl.goals
     micro_batch: int = 16           # step samples per forward/backward (gradient accumulation)
     complementary: bool = True      # also train the complementary in-block mask (dParallel / d3LLM CE_rev)
     block_sizes: list = field(default_factory=list)  # llada block-size curriculum over the stage, e.g.
@@ -231,6 +233,8 @@ _CHOICES = {
     "rl.advantage": ("grpo", "mean", "loo"),
     "rl.gating": ("gate", "penalty", "none"),
     "rl.kl": ("none", "k2", "k3"),
+    "rl.goals": ("train", "unseen"),
+    "distill.goals": ("train", "unseen"),
     "rl.estimator": ("auto", "ar", "sdar_block", "llada_mc", "llada_coupled", "mean_field"),
     "distill.tie_break": ("confidence", "random"),
     "train.dtype": ("float32", "bfloat16"),

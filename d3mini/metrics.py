@@ -120,6 +120,35 @@ def success_ci(successes: int, n: int, z: float = 1.96) -> dict:
             "n": n, "successes": successes, "z": z, "method": "wilson"}
 
 
+def task_outcomes(ids: list, episodes: list) -> list:
+    """1 / 0 per task of `ids` (won / lost) from rollout episode records, None where the episode failed
+    or is missing: the per-task record that paired_difference compares."""
+    won = {e["task_id"]: (None if e["failed"] else int(e["won"])) for e in episodes}
+    return [won.get(i) for i in ids]
+
+
+def paired_difference(before: list, after: list) -> dict:
+    """Success change from `before` to `after` on the same tasks, with its paired standard error.
+    Both are per-task outcomes in one task order (1 won, 0 lost, None failed; failed pairs are
+    dropped). d_i = after_i - before_i; diff = mean(d) and se = sqrt(var(d) / n) with var(d) =
+    (n01 + n10) / n - diff^2, so tasks both models win or both lose add no noise. This is the
+    standard error to hold a stage's gain against: the unpaired sqrt(se_a^2 + se_b^2) counts the
+    task-difficulty variance both runs share. Values are fractions."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_difference: {len(before)} vs {len(after)} outcomes; the runs must share tasks")
+    pairs = [(int(a), int(b)) for a, b in zip(before, after) if a is not None and b is not None]
+    n = len(pairs)
+    if n == 0:
+        raise ValueError("paired_difference: no task has an outcome in both runs")
+    gained = sum(1 for a, b in pairs if b > a)   # n01: lost before, won after
+    lost = sum(1 for a, b in pairs if b < a)     # n10
+    diff = (gained - lost) / n
+    var = max((gained + lost) / n - diff * diff, 0.0)
+    before_rate = sum(a for a, _ in pairs) / n
+    return {"diff": diff, "se": math.sqrt(var / n), "n": n, "gained": gained, "lost": lost,
+            "before": before_rate, "after": before_rate + diff}
+
+
 # ----------------------------------------------------------------------------- run record
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()

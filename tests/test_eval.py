@@ -19,7 +19,7 @@ from d3mini.config import Config, ModelConfig, load_config
 from d3mini.data import build_tiny_tokenizer
 from d3mini.envs import task_ids
 from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, markdown_table,
-                            plot_acc_vs_tpf, run_record, success_ci)
+                            plot_acc_vs_tpf, paired_difference, run_record, success_ci)
 from d3mini.model import DiffusionLM
 from d3mini.rollout import rollout
 
@@ -141,6 +141,25 @@ def test_success_ci_hand_cases():
         success_ci(11, 10)
 
 
+def test_paired_difference_hand_cases():
+    # 10 tasks: 3 won by both, 4 lost by both, 2 gained (0 -> 1), 1 lost (1 -> 0)
+    before = [1, 1, 1, 0, 0, 0, 0, 0, 0, 1]
+    after = [1, 1, 1, 0, 0, 0, 0, 1, 1, 0]
+    d = paired_difference(before, after)
+    assert (d["gained"], d["lost"], d["n"]) == (2, 1, 10) and d["before"] == 0.4 and d["after"] == pytest.approx(0.5)
+    # d = (0 x7, +1, +1, -1): mean 0.1, population variance 0.3 - 0.01 = 0.29
+    assert d["diff"] == pytest.approx(0.1) and d["se"] == pytest.approx(math.sqrt(0.29 / 10))
+    # the same marginals unpaired would give sqrt(.4*.6/10 + .5*.5/10) = 0.221 > 0.170
+    assert d["se"] < math.sqrt(0.4 * 0.6 / 10 + 0.5 * 0.5 / 10)
+    # identical runs: no change, no noise; failed tasks (None) are dropped from both sides
+    assert paired_difference([1, 0, None], [1, 0, 1]) == {"diff": 0.0, "se": 0.0, "n": 2, "gained": 0, "lost": 0,
+                                                          "before": 0.5, "after": 0.5}
+    with pytest.raises(ValueError, match="share tasks"):
+        paired_difference([1, 0], [1])
+    with pytest.raises(ValueError, match="no task"):
+        paired_difference([None], [1])
+
+
 # ----------------------------------------------------------------------------- tables, plot
 def test_markdown_table():
     rows = [{"a": 1, "b": 0.5, "c": "x|y"}, {"a": 2, "b": None}]
@@ -218,6 +237,26 @@ def test_eval_end_to_end(tmp_path, ckpt, capsys):
     assert "| tau |" in md and "AUP (tpf_denoise" in md and rec["checkpoint"]["weights_sha256"] in md
     if importlib.util.find_spec("matplotlib"):
         assert os.path.exists(out + ".png")
+
+
+def test_compare_two_result_files(tmp_path, capsys):
+    def result(path, rows):  # the parts of an eval.py JSON that --compare reads
+        eps = lambda won: [{"task_id": i, "won": w, "failed": w is None} for i, w in enumerate(won)]
+        path.write_text(json.dumps({"results": [{"threshold": t, "episodes": eps(w)} for t, w in rows]}))
+        return str(path)
+    a = result(tmp_path / "a.json", [(1.0, [1, 1, 1, 0, 0, 0, 0, 0, 0, 1]), (0.9, [1, 0])])
+    b = result(tmp_path / "b.json", [(1.0, [1, 1, 1, 0, 0, 0, 0, 1, 1, 0]), (0.95, [1, 1])])
+    assert EV.main(["--compare", a, b]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3  # header, rule, tau 1.0 only (0.9 and 0.95 are not shared)
+    assert lines[2] == f"| 1 | 10 | 40.0 | 50.0 | +10.0 ± {100 * math.sqrt(0.029):.1f} | 2 | 1 |"
+    assert EV.main(["--compare", a, str(tmp_path / "none.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert EV.main(["--compare", a, str(tmp_path / "bad.json")]) == 2
+    assert "not an eval.py result" in capsys.readouterr().err
+    assert EV.main(["--compare", a, result(tmp_path / "c.json", [(0.5, [1])])]) == 2
+    assert "no threshold in common" in capsys.readouterr().err
 
 
 def test_eval_block_size_mismatch(tmp_path, ckpt, capsys):

@@ -29,6 +29,11 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(out / "results.json"))
     assert set(res) == {"sft", "rl", "distill"}
+    # every eval row keeps its per-task outcomes, so the table compares stages task by task
+    assert all(len(r["wins"]) == 2 and set(r["wins"]) <= {0, 1} for rs in res.values() for r in rs)
+    table = open(out / "results.md").read().splitlines()
+    assert "Δ vs previous (paired s.e.)" in table[4] and table[6].split("|")[3].strip() == "-"  # sft: none
+    assert all("±" in line.split("|")[3] for line in table[7:9])  # rl and distill: vs the stage before
     recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert {x["stage"] for x in recs} >= {"sft", "rl", "distill"}
     assert os.path.exists(out / "export" / "model.safetensors") and os.path.exists(out / "results.md")
@@ -159,3 +164,25 @@ def test_sft_block_schedule_phases_and_errors(tmp_path):
     assert r.returncode == 2 and "sft.block_schedule" in r.stderr
     r = run(["sft.suffix_masks=1.5"], tmp_path / "b")
     assert r.returncode == 2 and "sft.suffix_masks" in r.stderr
+
+
+def test_unseen_goals_leave_out_the_sft_tasks():
+    sys.path.insert(0, ROOT)
+    import train
+    from d3mini.config import ConfigError, load_config
+    base = ["env.num_products=60", "env.num_goals=80", "env.num_test_goals=20"]
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), base + ["sft.episodes=25"])
+    train_ids = train.policy_task_ids(cfg, "train")
+    assert train_ids == list(range(20, 80))
+    assert train.sft_task_ids(cfg) == list(range(20, 45))  # enough train tasks: the first 25, no repeats
+    assert train.policy_task_ids(cfg, "unseen") == list(range(45, 80))
+    # fewer train tasks than SFT episodes: a seeded draw with repeats; unseen = the tasks it missed
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), base + ["sft.episodes=70"])
+    sft = train.sft_task_ids(cfg)
+    assert len(sft) == 70 and set(sft) < set(train_ids) and sft == train.sft_task_ids(cfg)
+    assert sorted(train.policy_task_ids(cfg, "unseen")) == sorted(set(train_ids) - set(sft))
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), base + ["sft.episodes=1000"])
+    with pytest.raises(ConfigError, match="raise env.num_goals"):
+        train.policy_task_ids(cfg, "unseen")
+    with pytest.raises(ConfigError, match="rl.goals"):
+        load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.goals=held_out"])
