@@ -68,6 +68,9 @@ def check_startup(cfg, info):
                           f"model.block_size = {cfg.model.block_size}")
     if cfg.sft.suffix_masks and (cfg.model.family != "sdar" or not 0 < cfg.sft.suffix_masks <= 1):
         raise ConfigError(f"sft.suffix_masks = {cfg.sft.suffix_masks}: a fraction in (0, 1], family sdar only")
+    for stage, goals in (("rl", cfg.rl.goals), ("distill", cfg.distill.goals)):
+        if stage in cfg.train.stages and goals == "unseen":
+            policy_task_ids(cfg, goals, f"{stage}.goals")  # an empty set fails now, not after SFT
     if cfg.model.family == "sdar" and cfg.decode.block_size != cfg.model.block_size:
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")
@@ -258,18 +261,18 @@ def sft_task_ids(cfg) -> list:
     return [ids[rng.randrange(len(ids))] for _ in range(cfg.sft.episodes)]
 
 
-def policy_task_ids(cfg, goals: str) -> list:
+def policy_task_ids(cfg, goals: str, what: str = "goals") -> list:
     """Train tasks for RL / distill rollouts. `unseen` leaves out the SFT demonstrations' tasks, so
     that the policy is trained where the SFT model has to generalise (it can memorise its own)."""
     ids = env_module(cfg.env.name).task_ids(cfg.env, "train")
     if goals == "train":
         return ids
     if goals != "unseen":
-        raise ConfigError(f"goals={goals!r}: expected train | unseen")
+        raise ConfigError(f"{what}={goals!r}: expected train | unseen")
     seen = set(sft_task_ids(cfg))
     rest = [i for i in ids if i not in seen]
     if not rest:
-        raise ConfigError(f"goals=unseen: all {len(ids)} train tasks are SFT tasks (sft.episodes="
+        raise ConfigError(f"{what}=unseen: all {len(ids)} train tasks are SFT tasks (sft.episodes="
                           f"{cfg.sft.episodes}); raise env.num_goals")
     return rest
 
@@ -324,7 +327,7 @@ def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step):
 
 def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.rl import rl_step
-    ids = policy_task_ids(cfg, cfg.rl.goals)
+    ids = policy_task_ids(cfg, cfg.rl.goals, "rl.goals")
     opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.rl.steps, step, "rl", info)
@@ -361,7 +364,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
 
 def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.distill import distill_step
-    ids = policy_task_ids(cfg, cfg.distill.goals)
+    ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)

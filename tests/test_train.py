@@ -68,6 +68,8 @@ def test_startup_errors(tmp_path):
     assert r.returncode == 2 and "rl.lr" in r.stderr
     r = run(["env.server_url=http://127.0.0.1:9"], tmp_path / "c")
     assert r.returncode == 2 and "unreachable" in r.stderr
+    r = run(["sft.episodes=500"], tmp_path / "d")  # tiny.yaml RL on unseen goals, none left: fail before SFT
+    assert r.returncode == 2 and "rl.goals=unseen" in r.stderr and not (tmp_path / "d" / "ckpt").exists()
 
 
 def _records(out):
@@ -182,7 +184,7 @@ def test_unseen_goals_leave_out_the_sft_tasks():
     assert len(sft) == 70 and set(sft) < set(train_ids) and sft == train.sft_task_ids(cfg)
     assert sorted(train.policy_task_ids(cfg, "unseen")) == sorted(set(train_ids) - set(sft))
     cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), base + ["sft.episodes=1000"])
-    with pytest.raises(ConfigError, match="raise env.num_goals"):
-        train.policy_task_ids(cfg, "unseen")
+    with pytest.raises(ConfigError, match="rl.goals=unseen: all 60 train tasks.*raise env.num_goals"):
+        train.policy_task_ids(cfg, "unseen", "rl.goals")
     with pytest.raises(ConfigError, match="rl.goals"):
         load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.goals=held_out"])
