@@ -140,8 +140,8 @@ def compare_main(ns) -> int:
             d = paired_difference(a, b)
         except ValueError as e:
             raise UsageError(f"--compare tau {t:g}: {e}") from None
-        print(f"| {t:g} | {d['n']} | {100 * d['before']:.1f} | {100 * d['after']:.1f} | {100 * d['diff']:+.1f} ± {100 * d['se']:.1f} | "
-              f"{d['gained']} | {d['lost']} |")
+        print(f"| {t:g} | {d['n']} | {100 * d['before']:.1f} | {100 * d['after']:.1f} | "
+              f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f} | {d['gained']} | {d['lost']} |")
     return 0
 
 

@@ -27,8 +27,8 @@ from d3mini import dist
 from d3mini.config import ConfigError, load_config, save_config, to_dict
 from d3mini.data import Tokenizer, build_tiny_tokenizer
 from d3mini.envs import env_module
-from d3mini.metrics import task_outcomes
 from d3mini.lora import apply_lora
+from d3mini.metrics import task_outcomes
 from d3mini.model import DiffusionLM
 from d3mini.rollout import format_samples, rollout
 
@@ -463,7 +463,7 @@ def run_eval(cfg, model, tok, stage, info, log):
         row = {"threshold": float(tau), **{k: v for k, v in m.items() if k != "episodes"}}
         row["wins"] = task_outcomes(ids, m["episodes"])  # per task, for the paired stage-to-stage change
         rows.append(row)
-        log.log({"stage": f"eval/{stage}", **row})
+        log.log({"stage": f"eval/{stage}", **{k: v for k, v in row.items() if k != "wins"}})
         dist.print0(f"eval {stage} tau={tau}: success {m['success']:.3f} score {m['score']:.3f} "
                     f"valid {m['valid_ratio']:.3f} tpf {m['tpf_denoise']:.2f}")
     model.train()
@@ -480,8 +480,8 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"
-    rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | TPF @0.95 | TPF @1.0 | AUP |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | TPF @0.95 | TPF @1.0 "
+            "| AUP |", "|---|---|---|---|---|---|---|---|"]
     prev = None
     all_acc = [100 * r["success"] for rs in results.values() for r in rs]
     y_max = cfg.eval.y_max if cfg.eval.y_max is not None else max(all_acc, default=0.0)
@@ -502,13 +502,14 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
             d = paired_difference(prev["wins"], ref["wins"])
             delta = f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f}"
         prev = ref
-        rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | {ref['valid_ratio']:.3f} | "
-                    f"{tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
+        rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | "
+                    f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cpus, torch {torch.__version__}), commit {commit}, wall-clock {wall / 60:.1f} min\n"
             f"command: `{command}`\nsuccess at tau 0.95 over {cfg.eval.num_tasks} held-out tasks; "
             f"AUP over thresholds {sorted(set(cfg.eval.sweep) | set(cfg.eval.thresholds))} "
-            f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f})\n\n")
+            f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f}); Δ: change from the stage above on the same tasks, "
+            f"± paired s.e.\n\n")
     return head + "\n".join(rows) + "\n"
 
 
