@@ -498,10 +498,14 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
             a = float("nan")
         tpf = lambda t: f"{by[t]['tpf_denoise']:.2f}" if t in by else "-"
         delta = "-"
-        if prev is not None and prev.get("wins") and ref.get("wins") and len(prev["wins"]) == len(ref["wins"]):
-            d = paired_difference(prev["wins"], ref["wins"])
-            delta = f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f}"
-        prev = ref
+        before = (prev or {}).get(float(ref["threshold"]), {}).get("wins")  # the stage above, same threshold
+        if before and ref.get("wins") and len(before) == len(ref["wins"]):
+            try:
+                d = paired_difference(before, ref["wins"])
+                delta = f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f}"
+            except ValueError:  # no task with an outcome in both stages
+                pass
+        prev = by
         rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | "
                     f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "

@@ -188,3 +188,18 @@ def test_unseen_goals_leave_out_the_sft_tasks():
         train.policy_task_ids(cfg, "unseen", "rl.goals")
     with pytest.raises(ConfigError, match="rl.goals"):
         load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.goals=held_out"])
+
+
+def test_results_table_delta_pairs_the_same_threshold():
+    sys.path.insert(0, ROOT)
+    import train
+    from d3mini.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"))
+    row = lambda t, wins: {"threshold": t, "num_episodes": len(wins), "failed_episodes": wins.count(None),
+                           "success": sum(w or 0 for w in wins) / len(wins), "score": 0.0, "valid_ratio": 1.0,
+                           "tpf_denoise": 1.0, "wins": wins}
+    res = {"a": [row(1.0, [0, 0, 0, 0]), row(0.95, [1, 1, 1, 1])],
+           "b": [row(1.0, [1, 1, 0, 0])],          # only tau 1.0: compared with a's tau 1.0, not its 0.95
+           "c": [row(1.0, [None] * 4)]}            # no shared outcome: no change shown, no error
+    lines = train.results_table(res, cfg, 0.0, "x").splitlines()
+    assert lines[-2].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-1].split("|")[3].strip() == "-"
