@@ -4,8 +4,12 @@
     python eval.py --config configs/tiny.yaml --ckpt runs/tiny/export --sweep 0.9:1.0:0.05 eval.num_tasks=50
     python eval.py --aup 1.447:3.4 2.944:57.2 --alpha 3          # AUP of given TPF:ACC points, no model
     python eval.py --compare runs/a/eval.json runs/b/eval.json    # success change, paired s.e., no model
+    python eval.py --ckpt runs/tiny/ckpt/step_00100020 --threshold 0.95   # a resumable training checkpoint
 
-Without --threshold or --sweep the config's eval.sweep is run. Remaining arguments are config
+--ckpt takes an exported folder (config.json, safetensors, tokenizer.json) or one of train.py's
+resumable `<out_dir>/ckpt/step_*` folders; the latter is built from the run's config.yaml and
+tokenizer.json, and that config is the default for --config. Without --threshold or --sweep the
+config's eval.sweep is run. Remaining arguments are config
 overrides (`section.key=value` or `--section.key value`). Each threshold tau runs one episode per
 task (the first eval.num_tasks ids of the split; decode section as configured, greedy by default),
 bf16 autocast when train.dtype is bfloat16 (as train.py's own eval), and reports success rate
@@ -145,15 +149,28 @@ def compare_main(ns) -> int:
     return 0
 
 
+def run_dir_of(ckpt: str):
+    """The train.py run folder of a resumable checkpoint <run>/ckpt/step_*, or None for an export."""
+    if not os.path.isfile(os.path.join(ckpt, "state.json")):
+        return None
+    return os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
+
+
 def check_checkpoint(ckpt: str) -> None:
     """Clear errors before anything heavy is imported or loaded."""
     if not os.path.isdir(ckpt):
         raise UsageError(f"--ckpt {ckpt}: checkpoint folder not found")
     names = set(os.listdir(ckpt))
+    run = run_dir_of(ckpt)
+    if run is not None:  # a training checkpoint: the run folder holds what the weights need
+        for name in ("config.yaml", "tokenizer.json"):
+            if not os.path.isfile(os.path.join(run, name)):
+                raise UsageError(f"--ckpt {ckpt}: a training checkpoint, but its run folder {run} has no {name}")
+        if "model.safetensors" not in names:
+            raise UsageError(f"--ckpt {ckpt}: no model.safetensors")
+        return
     if "config.json" not in names:
-        hint = (" (this is a resumable training checkpoint; evaluate the exported folder <train.out_dir>/export)"
-                if "state.json" in names else "")
-        raise UsageError(f"--ckpt {ckpt}: no config.json{hint}")
+        raise UsageError(f"--ckpt {ckpt}: no config.json")
     if not any(n.endswith(".safetensors") for n in names):
         raise UsageError(f"--ckpt {ckpt}: no *.safetensors weights")
     if "tokenizer.json" not in names:
@@ -171,6 +188,35 @@ def load_checkpoint(ckpt: str, dtype=None, device=None):
         raise UsageError(f"--ckpt: {e}") from None
     except ValueError as e:  # a tokenizer without the family's special tokens
         raise UsageError(f"--ckpt {ckpt}: tokenizer.json: {e}") from None
+    return model.eval(), tok
+
+
+def load_training_checkpoint(ckpt: str, cfg, dtype=None, device=None):
+    """(DiffusionLM, Tokenizer) from train.py's <run>/ckpt/step_* folder: the model is built as the
+    run built it (its config.yaml, tokenizer.json, LoRA included), then the step's weights are loaded."""
+    import torch
+    from d3mini import dist
+    from d3mini.data import Tokenizer
+    from d3mini.model import DTYPES, CheckpointError
+    from train import build_model  # the run's own construction
+    run = run_dir_of(ckpt)
+    run_cfg = load_config(os.path.join(run, "config.yaml"))
+    run_cfg.train = dataclasses.replace(run_cfg.train, activation_checkpointing=False)
+    try:
+        tok = Tokenizer.from_file(os.path.join(run, "tokenizer.json"), run_cfg.model.family)
+    except ValueError as e:
+        raise UsageError(f"--ckpt {ckpt}: {run}/tokenizer.json: {e}") from None
+    info = dist.DistInfo(0, 1, 0, torch.device(device or "cpu"), True)
+    model = build_model(run_cfg, tok, info)
+    try:
+        dist.load(ckpt, model)
+    except CheckpointError as e:
+        raise UsageError(f"--ckpt: {e}") from None
+    except RuntimeError as e:  # a state dict that does not fit the run's model
+        raise UsageError(f"--ckpt {ckpt}: weights do not match the model of {run}/config.yaml ({e})") from None
+    torch.manual_seed(cfg.train.seed)  # dist.load restored the run's RNG streams; evaluation has its own seed
+    if dtype is not None:
+        model.to(DTYPES[dtype])
     return model.eval(), tok
 
 
@@ -194,7 +240,9 @@ def write_results(prefix: str, rows: list, summaries: list, record: dict, label:
 
 
 def eval_main(ns, overrides: list) -> int:
-    cfg = load_config(ns.config, overrides)
+    run = run_dir_of(ns.ckpt) if ns.ckpt and os.path.isdir(ns.ckpt) else None
+    config = ns.config or (os.path.join(run, "config.yaml") if run else None)  # the run's env and decoder
+    cfg = load_config(config, overrides)
     if ns.threshold is not None:
         taus = [check_threshold(_number(ns.threshold, "--threshold"))]
     elif ns.sweep is not None:
@@ -217,7 +265,10 @@ def eval_main(ns, overrides: list) -> int:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = load_checkpoint(ckpt, dtype=ns.dtype, device=device)
+    if run_dir_of(ckpt) is not None:
+        model, tok = load_training_checkpoint(ckpt, cfg, dtype=ns.dtype, device=device)
+    else:
+        model, tok = load_checkpoint(ckpt, dtype=ns.dtype, device=device)
     cfg.model = dataclasses.replace(model.cfg, path=ckpt)  # the record shows the model that was evaluated
     fam, K = model.cfg.family, cfg.decode.block_size
     if fam == "qwen3" and K != 1:

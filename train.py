@@ -419,11 +419,56 @@ def dump(cfg, info, tok, samples, stage, step):
 _STATE = {"stage_index": 0}
 
 
+def git_commit() -> str:
+    """Short commit of the code that runs, '+' when the tree has uncommitted changes; 'unknown' outside git."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=here)
+    except OSError:
+        return "unknown"
+    commit = head.stdout.strip()
+    return (commit + ("+" if dirty.stdout.strip() else "")) if head.returncode == 0 and commit else "unknown"
+
+
+def start_run_record(cfg, info, resume: bool) -> dict:
+    """<out_dir>/run.json: the commits the run's pieces ran (one per start or resume that changed it)
+    and the wall-clock summed over the pieces, so a resumed run's table reports the whole run."""
+    path = os.path.join(cfg.train.out_dir, "run.json")
+    rec = {"commits": [], "wall_s": 0.0}
+    if resume and os.path.exists(path):
+        with open(path) as f:
+            rec = json.load(f)
+    commit = git_commit()
+    if not rec["commits"] or rec["commits"][-1] != commit:
+        rec["commits"].append(commit)
+    _STATE.update(run_record=rec, run_path=path, wall0=float(rec["wall_s"]), t0=time.time())
+    update_run_record(info.is_main)
+    return rec
+
+
+def update_run_record(is_main: bool) -> dict:
+    """Add this piece's time so far to the record and write it (rank 0); called at every checkpoint."""
+    rec = _STATE.get("run_record")
+    if rec is None:
+        return {"commits": [git_commit()], "wall_s": 0.0}
+    rec["wall_s"] = _STATE["wall0"] + time.time() - _STATE["t0"]
+    if is_main:
+        tmp = _STATE["run_path"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rec, f, indent=2)
+        os.replace(tmp, _STATE["run_path"])
+    return rec
+
+
 def maybe_save(cfg, model, opt, sch, stage, step, total):
     if step % cfg.train.save_every == 0 or step == total:
         dist.save(os.path.join(cfg.train.out_dir, "ckpt"), _STATE["global"] + step, model, opt, sch,
                   extra={"stage": stage, "stage_index": _STATE["stage_index"], "stage_step": step,
                          "done": step == total}, keep=cfg.train.keep_checkpoints)
+        update_run_record(dist.is_main())
 
 
 def crash_point(stage: str, step: int):
@@ -470,16 +515,13 @@ def run_eval(cfg, model, tok, stage, info, log):
     return rows
 
 
-def results_table(results: dict, cfg, wall: float, command: str) -> str:
-    """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown."""
+def results_table(results: dict, cfg, wall: float, command: str, commits=None) -> str:
+    """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown; `commits`:
+    the code of each piece of the run (run.json), default the current one."""
     import platform
-    import subprocess
     from d3mini.metrics import AUPError, aup, paired_difference, success_ci
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
+    commits = list(commits or [git_commit()])
+    code = f"commit {commits[0]}" if len(commits) == 1 else f"commits {' → '.join(commits)} (resumed across commits)"
     rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | TPF @0.95 | TPF @1.0 "
             "| AUP |", "|---|---|---|---|---|---|---|---|"]
     prev = None
@@ -509,7 +551,7 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
         rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | "
                     f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} cpus, torch {torch.__version__}), commit {commit}, wall-clock {wall / 60:.1f} min\n"
+            f"{os.cpu_count()} cpus, torch {torch.__version__}), {code}, wall-clock {wall / 60:.1f} min\n"
             f"command: `{command}`\nsuccess at tau 0.95 over {cfg.eval.num_tasks} held-out tasks; "
             f"AUP over thresholds {sorted(set(cfg.eval.sweep) | set(cfg.eval.thresholds))} "
             f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f}); Δ: change from the stage above on the same tasks, "
@@ -517,10 +559,10 @@ def results_table(results: dict, cfg, wall: float, command: str) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def write_results(cfg, results: dict, info, wall: float, cmd: str):
+def write_results(cfg, results: dict, info, wall: float, cmd: str, commits=None):
     if not info.is_main:
         return
-    md = results_table(results, cfg, wall=wall, command=cmd)
+    md = results_table(results, cfg, wall=wall, command=cmd, commits=commits)
     with open(os.path.join(cfg.train.out_dir, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(cfg.train.out_dir, "results.json"), "w") as f:
@@ -535,7 +577,6 @@ def main(argv=None):
     check_startup(cfg, info)
     os.makedirs(cfg.train.out_dir, exist_ok=True)
     seed_all(cfg.train.seed)
-    t_start = time.time()
     tok = build_tokenizer(cfg, info)
     model = build_model(cfg, tok, info)
     if info.is_main:
@@ -544,6 +585,7 @@ def main(argv=None):
               f"world {info.world}, device {info.device}")
     log = Logger(cfg, info)
     ck, extra = peek_checkpoint(cfg) if resume else (None, None)
+    start_run_record(cfg, info, resume)
     results_path = os.path.join(cfg.train.out_dir, "results.json")
     results = json.load(open(results_path)) if resume and os.path.exists(results_path) else {}
     cur, done = -1, False
@@ -566,8 +608,10 @@ def main(argv=None):
             if info.is_main:
                 with open(results_path, "w") as f:
                     json.dump(results, f, indent=2, default=str)
+            update_run_record(info.is_main)
     dist.export_hf(model, tok, os.path.join(cfg.train.out_dir, "export"), layout="native")
-    write_results(cfg, results, info, time.time() - t_start, "python train.py " + " ".join(argv))
+    rec = update_run_record(info.is_main)
+    write_results(cfg, results, info, rec["wall_s"], "python train.py " + " ".join(argv), rec["commits"])
     dist.teardown()
 
 

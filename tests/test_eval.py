@@ -118,6 +118,13 @@ def test_cli_errors(tmp_path, capsys):
     assert "checkpoint folder not found" in capsys.readouterr().err
     assert EV.main(["--threshold", "0.9", "--ckpt", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+    step = tmp_path / "run" / "ckpt" / "step_00000003"  # a training checkpoint whose run folder lost its config
+    step.mkdir(parents=True)
+    (step / "state.json").write_text("{}")
+    (step / "model.safetensors").write_text("")
+    (tmp_path / "run" / "config.yaml").write_text("model:\n  family: sdar\n")
+    assert EV.main(["--threshold", "0.9", "--ckpt", str(step)]) == 2
+    assert "has no tokenizer.json" in capsys.readouterr().err
     assert EV.main(["--aup", "1.0:80", "3.0:70"]) == 2
     assert "rejects" in capsys.readouterr().err
     assert EV.main(["--aup", "1.0"]) == 2

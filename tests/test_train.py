@@ -38,12 +38,24 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     assert {x["stage"] for x in recs} >= {"sft", "rl", "distill"}
     assert os.path.exists(out / "export" / "model.safetensors") and os.path.exists(out / "results.md")
     assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "config.yaml")
+    meta = json.load(open(out / "run.json"))  # the code that ran and the run's wall-clock
+    assert len(meta["commits"]) == 1 and meta["wall_s"] > 0 and f"commit {meta['commits'][0]}," in table[0]
+    # eval.py on the last resumable checkpoint (not the export) reproduces the run's own evaluation, task by task
+    last = sorted(os.listdir(out / "ckpt"))[-1]
+    ev = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--ckpt", str(out / "ckpt" / last),
+                         "--threshold", "1.0", "--out", str(tmp_path / "ev")], capture_output=True, text=True,
+                        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, cwd=ROOT, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    eps = json.load(open(tmp_path / "ev.json"))["results"][0]["episodes"]
+    assert [int(e["won"]) for e in eps] == next(r["wins"] for r in res["distill"] if r["threshold"] == 1.0)
     # resuming a finished run does no new training and keeps the results
     r2 = run(["--resume"], out)
     assert r2.returncode == 0, r2.stderr[-3000:]
     recs2 = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert [x for x in recs2 if x["stage"] in ("sft", "rl", "distill")] == \
         [x for x in recs if x["stage"] in ("sft", "rl", "distill")]
+    meta2 = json.load(open(out / "run.json"))  # the same code: one commit; the wall-clock adds up
+    assert meta2["commits"] == meta["commits"] and meta2["wall_s"] > meta["wall_s"]
 
 
 def test_resume_with_a_larger_budget_extends_the_finished_stage(tmp_path):
@@ -201,5 +213,6 @@ def test_results_table_delta_pairs_the_same_threshold():
     res = {"a": [row(1.0, [0, 0, 0, 0]), row(0.95, [1, 1, 1, 1])],
            "b": [row(1.0, [1, 1, 0, 0])],          # only tau 1.0: compared with a's tau 1.0, not its 0.95
            "c": [row(1.0, [None] * 4)]}            # no shared outcome: no change shown, no error
-    lines = train.results_table(res, cfg, 0.0, "x").splitlines()
+    lines = train.results_table(res, cfg, 0.0, "x", commits=["aaa1111", "bbb2222"]).splitlines()
+    assert "commits aaa1111 → bbb2222 (resumed across commits)" in lines[0]
     assert lines[-2].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-1].split("|")[3].strip() == "-"
