@@ -60,7 +60,7 @@ def test_concurrent_sessions_match_in_process_envs(server):
     for t in threads:
         t.join()
     assert errors == []
-    assert requests.get(server.url + "/health").json() == {"ok": True, "env": "webshop", "sessions": 0}
+    assert requests.get(server.url + "/health").json() == {"ok": True, "env": "webshop", "sessions": 0, "expired": 0}
 
 
 def test_step_batch_and_retry_replay(server):
@@ -155,7 +155,7 @@ def test_cli_starts_serves_and_client_fails_cleanly_when_killed():
         url = line.split(" on ")[1].strip()
         health = requests.get(url + "/health", timeout=10).json()
         print(f"env server ready in {time.perf_counter() - t0:.2f} s")
-        assert health == {"ok": True, "env": "webshop", "sessions": 0}
+        assert health == {"ok": True, "env": "webshop", "sessions": 0, "expired": 0}
         cfg = EnvConfig(server_url=url, num_products=64, num_goals=200, num_test_goals=50, retries=2, backoff_s=0.01, timeout_s=5)
         env = make_env(cfg)
         assert isinstance(env, EnvClient)
@@ -180,3 +180,36 @@ def test_cli_reports_bad_config():
     r = subprocess.run([sys.executable, "-m", "d3mini.envs.server", "--port", "0", "env.bogus=1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "unknown key 'env.bogus'" in r.stderr
+
+
+def test_idle_sessions_expire_at_the_next_reset():
+    """A session left without /close (a client that died) is closed once it has been idle for idle_timeout;
+    sessions in use stay, and stepping an expired one is a clear 404."""
+    srv = serve_in_thread(EnvConfig(**CFG), idle_timeout=0.2)
+    try:
+        old, live = client(srv), client(srv)
+        old.reset(task_id=1)
+        live.reset(task_id=2)
+        for _ in range(3):  # `live` keeps stepping, `old` is abandoned
+            time.sleep(0.1)
+            live.step("search[shirt]") if _ == 0 else live.step("click[back to search]")
+        client(srv).reset(task_id=3)  # the next reset sweeps
+        health = requests.get(srv.url + "/health", timeout=5).json()
+        assert health["expired"] == 1 and health["sessions"] == 2
+        with pytest.raises(EnvError, match="expired after 0.2 s idle"):
+            old.step("search[shirt]")
+        live.step("search[shirt]")  # still served
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    never = serve_in_thread(EnvConfig(**CFG), idle_timeout=0)
+    try:
+        c = client(never)
+        c.reset(task_id=1)
+        time.sleep(0.05)
+        client(never).reset(task_id=2)
+        assert requests.get(never.url + "/health", timeout=5).json() == {"ok": True, "env": "webshop", "sessions": 2,
+                                                                         "expired": 0}
+    finally:
+        never.shutdown()
+        never.server_close()

@@ -1,6 +1,6 @@
 """HTTP JSON server for any registered env, and EnvClient, a TextEnv over HTTP (reference/envs.md §5.4).
 
-    python -m d3mini.envs.server --env webshop --port 8100 [--host 127.0.0.1] [--config FILE] [env.num_products=100 ...]
+    python -m d3mini.envs.server --env webshop --port 8100 [--host 127.0.0.1] [--idle-timeout 3600] [--config FILE] [env.num_products=100 ...]
 
 Endpoints (JSON bodies; errors answer {"error": "..."} with a 4xx for bad requests and a 500
 when the env itself fails):
@@ -10,12 +10,14 @@ when the env itself fails):
     POST /step        {"env_id", "action", "seq"?: int}  -> {"observation", "reward", "done", "info", "seq"}
     POST /step_batch  [{"env_id", "action", "seq"?}, ...] -> [step response or {"error"}, ...]
     POST /close       {"env_id"}                          -> {}
-    GET  /health                                          -> {"ok": true, "env", "sessions"}
+    GET  /health                                          -> {"ok": true, "env", "sessions", "expired"}
 
 ``seq`` makes retries safe: it is the number of steps the client has completed in the session;
 a step whose seq is one behind the session's is a retry of the last one and gets the stored
 answer again instead of a second step. Sessions each carry a lock, so requests for one session
-are served one at a time while different sessions run concurrently.
+are served one at a time while different sessions run concurrently. A session nobody has reset
+or stepped for `idle_timeout` seconds (a client that died without /close) is closed when the next
+session is reset, so a long-lived server does not collect abandoned envs.
 """
 from __future__ import annotations
 
@@ -44,15 +46,18 @@ class HTTPError(Exception):
 class Session:
     def __init__(self, env):
         self.env, self.lock, self.seq, self.last, self.ready = env, threading.Lock(), 0, None, False
+        self.used, self.expired = time.monotonic(), False  # last reset or step; closed for idleness
 
 
 class EnvServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, cfg, host: str = "127.0.0.1", port: int = 8100, verbose: bool = False):
+    def __init__(self, cfg, host: str = "127.0.0.1", port: int = 8100, verbose: bool = False,
+                 idle_timeout: float = 3600.0):
         self.cfg, self.verbose = dataclasses.replace(cfg, server_url=None), verbose  # serve in-process envs
         self.sessions: dict[str, Session] = {}
         self.lock = threading.Lock()
+        self.idle_timeout, self.expired = float(idle_timeout), 0  # 0 = sessions never expire
         make_env(self.cfg).close()  # build the env once now, so missing data fails at start-up, not per request
         super().__init__((host, port), Handler)
 
@@ -65,8 +70,30 @@ class EnvServer(ThreadingHTTPServer):
         with self.lock:
             s = self.sessions.get(env_id)
         if s is None:
-            raise HTTPError(404, f"unknown env_id {env_id!r} (reset first; it may have been closed)")
+            raise HTTPError(404, f"unknown env_id {env_id!r} (reset first; it may have been closed, or expired "
+                                 f"after {self.idle_timeout:g} s idle)")
         return s
+
+    def _expire_idle(self) -> None:
+        """Close sessions idle for longer than idle_timeout (none that a request is using right now)."""
+        if self.idle_timeout <= 0:
+            return
+        now, gone = time.monotonic(), []
+        with self.lock:
+            for env_id, s in list(self.sessions.items()):
+                if now - s.used > self.idle_timeout and s.lock.acquire(blocking=False):
+                    del self.sessions[env_id]
+                    s.expired = True  # a request that looked the session up just before waits, then gets 404
+                    gone.append(s)
+            self.expired += len(gone)
+        for s in gone:
+            try:
+                if s.env is not None:
+                    s.env.close()
+            except Exception:  # an env that fails to close is gone all the same
+                pass
+            finally:
+                s.lock.release()
 
     def reset(self, body: dict) -> dict:
         name = body.get("env", self.cfg.name)
@@ -80,6 +107,7 @@ class EnvServer(ThreadingHTTPServer):
         seed = body.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise HTTPError(400, "field 'seed' must be an integer")
+        self._expire_idle()
         with self.lock:
             env_id = env_id or uuid.uuid4().hex
             s = self.sessions.setdefault(env_id, Session(None))
@@ -94,7 +122,7 @@ class EnvServer(ThreadingHTTPServer):
                         if self.sessions.get(env_id) is s:
                             del self.sessions[env_id]
                 raise
-            s.ready, s.seq, s.last = True, 0, None
+            s.ready, s.seq, s.last, s.used = True, 0, None, time.monotonic()
         return {"env_id": env_id, "observation": obs, "info": info}
 
     def step(self, body: Any) -> dict:
@@ -110,10 +138,13 @@ class EnvServer(ThreadingHTTPServer):
             raise HTTPError(400, "field 'seq' must be an integer")
         s = self._session(body["env_id"])
         with s.lock:
+            if s.expired:  # closed for idleness while this request waited for it
+                raise HTTPError(404, f"env_id {body['env_id']!r} expired after {self.idle_timeout:g} s idle")
             if seq is not None and seq == s.seq - 1 and s.last is not None:
                 return s.last  # a retry of the step that already ran
             if seq is not None and seq != s.seq:
                 raise HTTPError(409, f"env_id {body['env_id']!r}: step seq {seq} but the session is at {s.seq}")
+            s.used = time.monotonic()
             obs, reward, done, info = _call("step", lambda: s.env.step(body["action"]))
             s.seq += 1
             s.last = {"observation": obs, "reward": float(reward), "done": bool(done), "info": info, "seq": s.seq}
@@ -173,7 +204,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             with self.server.lock:
                 n = len(self.server.sessions)
-            self._send(200, {"ok": True, "env": self.server.cfg.name, "sessions": n})
+            self._send(200, {"ok": True, "env": self.server.cfg.name, "sessions": n, "expired": self.server.expired})
         else:
             self._send(404 if self.path not in ROUTES else 405, {"error": f"GET {self.path}: use GET /health or POST {sorted(ROUTES)}"})
 
@@ -209,9 +240,9 @@ class Handler(BaseHTTPRequestHandler):
 ROUTES = {"/reset": "reset", "/step": "step", "/step_batch": "step_batch", "/close": "close_session"}
 
 
-def serve_in_thread(cfg, host: str = "127.0.0.1", port: int = 0) -> EnvServer:
+def serve_in_thread(cfg, host: str = "127.0.0.1", port: int = 0, idle_timeout: float = 3600.0) -> EnvServer:
     """Start a server on a background thread (port 0 = any free port); stop it with .shutdown()."""
-    srv = EnvServer(cfg, host, port)
+    srv = EnvServer(cfg, host, port, idle_timeout=idle_timeout)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
@@ -304,10 +335,12 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8100, help="port (0 = any free port)")
     ap.add_argument("--config", default=None, help="YAML config whose env section is used")
     ap.add_argument("--verbose", action="store_true", help="log every request")
+    ap.add_argument("--idle-timeout", type=float, default=3600.0,
+                    help="close sessions idle this many seconds, checked at each reset (0 = never; default 3600)")
     args, rest = ap.parse_known_args(argv)
     try:
         cfg = load_config(args.config, (["env.name=" + args.env] if args.env else []) + rest)
-        srv = EnvServer(cfg.env, args.host, args.port, args.verbose)
+        srv = EnvServer(cfg.env, args.host, args.port, args.verbose, idle_timeout=args.idle_timeout)
     except (ConfigError, EnvError, OSError) as e:
         sys.exit(f"env server: {e}")
     print(f"serving env {cfg.env.name!r} on {srv.url}", flush=True)
