@@ -433,14 +433,16 @@ def git_commit() -> str:
     return (commit + ("+" if dirty.stdout.strip() else "")) if head.returncode == 0 and commit else "unknown"
 
 
-def start_run_record(cfg, info, resume: bool) -> dict:
-    """<out_dir>/run.json: the commits the run's pieces ran (one per start or resume that changed it)
-    and the wall-clock summed over the pieces, so a resumed run's table reports the whole run."""
+def start_run_record(cfg, info, resume: bool, command: str) -> dict:
+    """<out_dir>/run.json: the command of every piece of the run (the start, then each resume), the
+    commits they ran (one more each time a resume ran other code) and the wall-clock summed over the
+    pieces, so a resumed run's table reports the whole run."""
     path = os.path.join(cfg.train.out_dir, "run.json")
-    rec = {"commits": [], "wall_s": 0.0}
+    rec = {"commands": [], "commits": [], "wall_s": 0.0}
     if resume and os.path.exists(path):
         with open(path) as f:
-            rec = json.load(f)
+            rec = {**rec, **json.load(f)}
+    rec["commands"].append(command)
     commit = git_commit()
     if not rec["commits"] or rec["commits"][-1] != commit:
         rec["commits"].append(commit)
@@ -453,7 +455,7 @@ def update_run_record(is_main: bool) -> dict:
     """Add this piece's time so far to the record and write it (rank 0); called at every checkpoint."""
     rec = _STATE.get("run_record")
     if rec is None:
-        return {"commits": [git_commit()], "wall_s": 0.0}
+        return {"commands": [], "commits": [git_commit()], "wall_s": 0.0}
     rec["wall_s"] = _STATE["wall0"] + time.time() - _STATE["t0"]
     if is_main:
         tmp = _STATE["run_path"] + ".tmp"
@@ -515,9 +517,10 @@ def run_eval(cfg, model, tok, stage, info, log):
     return rows
 
 
-def results_table(results: dict, cfg, wall: float, command: str, commits=None) -> str:
-    """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown; `commits`:
-    the code of each piece of the run (run.json), default the current one."""
+def results_table(results: dict, cfg, wall: float, command: str, commits=None, pieces: int = 1) -> str:
+    """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown. `command`
+    started the run; `commits`: the code of its pieces (run.json), default the current one; `pieces`:
+    how many starts and resumes the wall-clock sums."""
     import platform
     from d3mini.metrics import AUPError, aup, paired_difference, success_ci
     commits = list(commits or [git_commit()])
@@ -551,7 +554,8 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None) -
         rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | "
                     f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {a:.2f} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} cpus, torch {torch.__version__}), {code}, wall-clock {wall / 60:.1f} min\n"
+            f"{os.cpu_count()} cpus, torch {torch.__version__}), {code}, wall-clock {wall / 60:.1f} min"
+            f"{f' over {pieces} pieces (resumed)' if pieces > 1 else ''}\n"
             f"command: `{command}`\nsuccess at tau 0.95 over {cfg.eval.num_tasks} held-out tasks; "
             f"AUP over thresholds {sorted(set(cfg.eval.sweep) | set(cfg.eval.thresholds))} "
             f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f}); Δ: change from the stage above on the same tasks, "
@@ -559,10 +563,12 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None) -
     return head + "\n".join(rows) + "\n"
 
 
-def write_results(cfg, results: dict, info, wall: float, cmd: str, commits=None):
+def write_results(cfg, results: dict, info, rec: dict):
+    """results.md (the table) and results.json; rec: the run record (commands, commits, wall-clock)."""
     if not info.is_main:
         return
-    md = results_table(results, cfg, wall=wall, command=cmd, commits=commits)
+    md = results_table(results, cfg, wall=rec["wall_s"], command=rec["commands"][0], commits=rec["commits"],
+                       pieces=len(rec["commands"]))
     with open(os.path.join(cfg.train.out_dir, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(cfg.train.out_dir, "results.json"), "w") as f:
@@ -576,6 +582,7 @@ def main(argv=None):
     info = dist.setup(cfg.train.threads)
     check_startup(cfg, info)
     os.makedirs(cfg.train.out_dir, exist_ok=True)
+    start_run_record(cfg, info, resume, "python train.py " + " ".join(argv))
     seed_all(cfg.train.seed)
     tok = build_tokenizer(cfg, info)
     model = build_model(cfg, tok, info)
@@ -585,7 +592,6 @@ def main(argv=None):
               f"world {info.world}, device {info.device}")
     log = Logger(cfg, info)
     ck, extra = peek_checkpoint(cfg) if resume else (None, None)
-    start_run_record(cfg, info, resume)
     results_path = os.path.join(cfg.train.out_dir, "results.json")
     results = json.load(open(results_path)) if resume and os.path.exists(results_path) else {}
     cur, done = -1, False
@@ -610,8 +616,7 @@ def main(argv=None):
                     json.dump(results, f, indent=2, default=str)
             update_run_record(info.is_main)
     dist.export_hf(model, tok, os.path.join(cfg.train.out_dir, "export"), layout="native")
-    rec = update_run_record(info.is_main)
-    write_results(cfg, results, info, rec["wall_s"], "python train.py " + " ".join(argv), rec["commits"])
+    write_results(cfg, results, info, update_run_record(info.is_main))
     dist.teardown()
 
 

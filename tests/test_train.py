@@ -56,6 +56,9 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
         [x for x in recs if x["stage"] in ("sft", "rl", "distill")]
     meta2 = json.load(open(out / "run.json"))  # the same code: one commit; the wall-clock adds up
     assert meta2["commits"] == meta["commits"] and meta2["wall_s"] > meta["wall_s"]
+    assert meta2["commands"] == [meta["commands"][0], meta["commands"][0] + " --resume"]
+    head = open(out / "results.md").read().splitlines()
+    assert "over 2 pieces (resumed)" in head[0] and head[1] == f"command: `{meta['commands'][0]}`"
 
 
 def test_resume_with_a_larger_budget_extends_the_finished_stage(tmp_path):
@@ -213,6 +216,7 @@ def test_results_table_delta_pairs_the_same_threshold():
     res = {"a": [row(1.0, [0, 0, 0, 0]), row(0.95, [1, 1, 1, 1])],
            "b": [row(1.0, [1, 1, 0, 0])],          # only tau 1.0: compared with a's tau 1.0, not its 0.95
            "c": [row(1.0, [None] * 4)]}            # no shared outcome: no change shown, no error
-    lines = train.results_table(res, cfg, 0.0, "x", commits=["aaa1111", "bbb2222"]).splitlines()
-    assert "commits aaa1111 → bbb2222 (resumed across commits)" in lines[0]
+    lines = train.results_table(res, cfg, 90.0, "x", commits=["aaa1111", "bbb2222"], pieces=3).splitlines()
+    assert lines[0].endswith("commits aaa1111 → bbb2222 (resumed across commits), wall-clock 1.5 min over 3 pieces "
+                             "(resumed)")
     assert lines[-2].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-1].split("|")[3].strip() == "-"
