@@ -9,6 +9,11 @@ the global batch, so 1 process and N processes take the same optimizer steps (di
 gradients). Checkpoints (model, optimizer, scheduler, RNG, stage, step, cursors) are written
 every `train.save_every` steps; `--resume` continues from the latest intact one. After each stage
 the model is evaluated on held-out tasks and a results table is written to <out_dir>/results.md.
+
+<out_dir> holds: config.yaml, tokenizer.json, metrics.jsonl (one line per step and evaluation),
+ckpt/step_* (resumable; `eval.py --ckpt` evaluates one), rollouts/ (sample dumps), results.json
+(per stage and threshold, with per-task outcomes), results.md, run.json (commands, commits and
+wall-clock of the run's pieces) and export/ (the final model as a checkpoint folder).
 """
 from __future__ import annotations
 
