@@ -190,9 +190,9 @@ def test_idle_sessions_expire_at_the_next_reset():
         old, live = client(srv), client(srv)
         old.reset(task_id=1)
         live.reset(task_id=2)
-        for _ in range(3):  # `live` keeps stepping, `old` is abandoned
-            time.sleep(0.1)
-            live.step("search[shirt]") if _ == 0 else live.step("click[back to search]")
+        for action in ("search[shirt]", "click[back to search]", "click[back to search]"):
+            time.sleep(0.1)  # `live` keeps stepping, `old` is abandoned
+            live.step(action)
         client(srv).reset(task_id=3)  # the next reset sweeps
         health = requests.get(srv.url + "/health", timeout=5).json()
         assert health["expired"] == 1 and health["sessions"] == 2

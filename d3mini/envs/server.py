@@ -166,9 +166,10 @@ class EnvServer(ThreadingHTTPServer):
             raise HTTPError(400, "missing field 'env_id'" if "env_id" not in body else "field 'env_id' must be a string")
         s = self._session(body["env_id"])
         with self.lock:
-            self.sessions.pop(body["env_id"], None)
+            if self.sessions.get(body["env_id"]) is s:  # not a newer session that took over an expired id
+                del self.sessions[body["env_id"]]
         with s.lock:
-            if s.env is not None:
+            if s.env is not None and not s.expired:  # an expired session's env is closed already
                 _call("close", s.env.close)
         return {}
 
