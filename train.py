@@ -76,6 +76,8 @@ def check_startup(cfg, info):
     for stage, goals in (("rl", cfg.rl.goals), ("distill", cfg.distill.goals)):
         if stage in cfg.train.stages and goals == "unseen":
             policy_task_ids(cfg, goals, f"{stage}.goals")  # an empty set fails now, not after SFT
+    if "sft" in cfg.train.stages and cfg.sft.val_every:
+        policy_task_ids(cfg, "unseen", "sft validation (sft.val_every > 0) tasks")
     if cfg.model.family == "sdar" and cfg.decode.block_size != cfg.model.block_size:
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")
@@ -282,10 +284,48 @@ def policy_task_ids(cfg, goals: str, what: str = "goals") -> list:
     return rest
 
 
+def sft_val_set(cfg, tok) -> list:
+    """Expert step samples of sft.val_episodes train tasks the SFT set does not use (never test tasks)."""
+    if not cfg.sft.val_every:
+        return []
+    ids = policy_task_ids(cfg, "unseen", "sft validation (sft.val_every > 0) tasks")
+    data, _ = rollout(None, tok, cfg.env, cfg.decode, ids[:cfg.sft.val_episodes], expert=True,
+                      seed=cfg.train.seed + 1)
+    return data
+
+
+def sft_validate(cfg, model, tok, val: list) -> dict:
+    """Teacher-forced action accuracy: the model answers each held-out expert prompt greedily (decode
+    config as in rollouts) and the projected action must equal the expert's; overall and per action
+    kind (the env's action_kind, else the verb), with the mean TPF of those answers."""
+    from d3mini.decode import generate
+    from d3mini.envs import _canonical
+    mod = env_module(cfg.env.name)
+    kind = getattr(mod, "action_kind", lambda a: a.split("[", 1)[0].strip())
+    dcfg = _decode(cfg, temperature=0.0)
+    hits, tokens, nfe = {}, 0, 0
+    model.eval()
+    with torch.no_grad(), autocast(cfg):
+        for i in range(0, len(val), cfg.eval.batch_episodes):
+            chunk = val[i:i + cfg.eval.batch_episodes]
+            r = generate(model, [s.prompt_ids for s in chunk], dcfg, tokenizer=tok)
+            t = r.totals()
+            tokens, nfe = tokens + t["counted_tokens"], nfe + t["nfe_denoise"]
+            for s, text in zip(chunk, r.text):
+                action, ok = mod.project(text)
+                hits.setdefault(kind(s.action), []).append(ok and _canonical(action) == _canonical(s.action))
+    model.train()
+    n = sum(len(h) for h in hits.values())
+    out = {"val_acc": sum(sum(h) for h in hits.values()) / max(n, 1), "val_tpf": tokens / max(nfe, 1)}
+    out.update({f"val_acc/{k}": sum(h) / len(h) for k, h in sorted(hits.items())})
+    return out
+
+
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     ids = sft_task_ids(cfg)
     data, m = rollout(None, tok, cfg.env, cfg.decode, ids, expert=True, seed=cfg.train.seed)
     dist.print0(f"sft: {len(data)} expert step samples from {len(ids)} episodes (expert success {m['success']:.3f})")
+    val = sft_val_set(cfg, tok)
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
     step = resume_into(cfg, model, opt, sch, start)
     batches = length_batches([len(s.prompt_ids) + len(s.response_ids) for s in data], cfg.sft.batch_size,
@@ -309,6 +349,11 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         step += 1
         rec = {"stage": "sft", "step": step, "loss": float(dist.all_reduce_sum(loss.detach()).item()),
                "grad_norm": gnorm, "lr": sch.get_last_lr()[0], "time": time.time() - t0}
+        if val and (step % cfg.sft.val_every == 0 or step == cfg.sft.steps):
+            rec.update(sft_validate(cfg, model, tok, val))
+            if info.is_main:
+                bar.write(f"sft step {step}: held-out action accuracy {rec['val_acc']:.3f} (" + ", ".join(
+                    f"{k[8:]} {v:.2f}" for k, v in rec.items() if k.startswith("val_acc/")) + ")")
         log.log(rec)
         bar.set_postfix(loss=f"{rec['loss']:.3f}")
         bar.update(1)

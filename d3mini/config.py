@@ -57,6 +57,7 @@ class DecodeConfig:
     block_size: int = 4             # decode block (must equal the SDAR model's block_size; 1 = AR)
     steps_per_block: int = 0        # denoising steps per block; 0 = block_size (one token per step at tau 1)
     rule: str = "threshold"         # threshold (low_confidence_dynamic) | static (top-k schedule)
+    order: str = "confidence"       # which masks the forced top-k picks take: confidence | left (leftmost first)
     threshold: float = 0.95         # tau: commit every masked token with confidence > tau
     temperature: float = 0.0        # 0 = greedy argmax
     top_k: int = 0                  # 0 = off
@@ -118,6 +119,9 @@ class SFTConfig:
     ar_prompt_loss: bool = False    # AR warm-up and one-token-block phases also predict the prompt's tokens
     block_schedule: list = field(default_factory=list)  # sdar: block sizes of equal phases after the warm-up,
                                     # e.g. [2, 4, 8, 8]; the last must be model.block_size; [] = fixed
+    val_every: int = 0              # every N steps (and at the end): teacher-forced action accuracy on held-out
+                                    # expert steps, greedy at decode.threshold, per action kind (0 = off)
+    val_episodes: int = 20          # expert episodes on train tasks the SFT set does not use (rl.goals: unseen)
 
 
 @dataclass
@@ -224,6 +228,7 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_impl": ("sdpa", "flash"),
     "decode.rule": ("threshold", "static"),
+    "decode.order": ("confidence", "left"),
     "env.name": ("webshop", "search", "alfworld"),
     "env.prompt": ("verl", "compact"),
     "env.obs_format": ("text", "compact"),
@@ -248,7 +253,7 @@ _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size",
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
-           "env.retries", "train.threads"]
+           "env.retries", "train.threads", "sft.val_every", "sft.val_episodes"]
 _UNIT = ["decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
 
 

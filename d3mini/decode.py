@@ -84,12 +84,15 @@ def _propose(logits, temperature: float, top_k: int, top_p: float, noise):
     return x0, p
 
 
-def _select(masked, p, k, tau, rule: str):
+def _select(masked, p, k, tau, rule: str, order: str = "confidence"):
     """masked, p [B, K] -> bool [B, K]. rank = position in descending p among masked tokens (ties:
     lower index first), so `rank < k` picks min(k, masks left) masked tokens: SDAR's top-k with the
-    clamp fix; `p > tau` on top of it is exactly the low_confidence_dynamic rule (models.md §3.5)."""
-    c = p.masked_fill(~masked, -1.0)  # [B, K]; unmasked tokens rank last
-    i = torch.arange(c.shape[1], device=c.device)
+    clamp fix; `p > tau` on top of it is exactly the low_confidence_dynamic rule (models.md §3.5).
+    order "left" ranks the masked tokens by position instead: the k forced picks are the leftmost
+    masks (at tau 1 the block is decoded left to right, one token per forward)."""
+    i = torch.arange(p.shape[1], device=p.device)
+    key = -i.to(p.dtype).expand_as(p) if order == "left" else p
+    c = key.masked_fill(~masked, -float(p.shape[1] + 1))  # [B, K]; unmasked tokens rank last
     ahead = (c[:, None, :] > c[:, :, None]) | ((c[:, None, :] == c[:, :, None]) & (i[None, :] < i[:, None]))
     sel = masked & (ahead.sum(-1) < k)  # ahead [B, Kj, Ki]: token i ranks before token j
     if rule == "threshold":
@@ -100,11 +103,11 @@ def _select(masked, p, k, tau, rule: str):
 def _commit(st: dict, cur, logits, k, tau, noise, opt: tuple):
     """Commit into the state tensors at positions cur [B, K] from logits [B, K, V]; returns whether
     any alive row still has masks there (a 0-dim bool tensor, read by the caller)."""
-    rule, temperature, top_k, top_p = opt
+    rule, temperature, top_k, top_p, order = opt
     x, todo, trace, conf, n_den = st["x"], st["todo"], st["trace"], st["conf"], st["n_den"]
     masked = todo.gather(1, cur) & st["alive"][:, None]
     x0, p = _propose(logits, temperature, top_k, top_p, noise)
-    sel = _select(masked, p, k, tau, rule)
+    sel = _select(masked, p, k, tau, rule, order)
     x.scatter_(1, cur, torch.where(sel, x0, x.gather(1, cur)))
     todo.scatter_(1, cur, masked & ~sel)
     trace.scatter_(1, cur, torch.where(sel, n_den[:, None], trace.gather(1, cur)))
@@ -238,7 +241,7 @@ def _generate_blocks(model, prompts, cfg: DecodeConfig, stop: set, dev, gen) -> 
     ks = [torch.tensor(k, device=dev) for k in _schedule(K, steps)]
     tau = torch.tensor(cfg.threshold, device=dev)
     stop_t = torch.tensor(sorted(stop) or [-1], device=dev)
-    opt = (cfg.rule, cfg.temperature, cfg.top_k, cfg.top_p)
+    opt = (cfg.rule, cfg.temperature, cfg.top_k, cfg.top_p, cfg.order)
     step = _step_fn(cfg.compile)
     out, rnd, alive_h = {}, 0, [True] * B
     while True:
@@ -294,7 +297,7 @@ def _generate_llada(model, prompts, cfg: DecodeConfig, stop: set, dev, gen) -> d
     else:
         ks = _schedule(K, cfg.steps_per_block or K)
     tau = torch.tensor(cfg.threshold, device=dev)
-    opt = (cfg.rule, cfg.temperature, cfg.top_k, cfg.top_p)
+    opt = (cfg.rule, cfg.temperature, cfg.top_k, cfg.top_p, cfg.order)
     stop_t = torch.tensor(sorted(stop) or [-1], device=dev)
     out = {}
     for b in range(G // K):
@@ -343,6 +346,8 @@ def generate(model, prompts: list, cfg: DecodeConfig, tokenizer=None) -> DecodeR
         raise ValueError(f"generate: prompt token id {bad[0]} outside the vocabulary [0, {mc.vocab_size})")
     if cfg.rule not in ("threshold", "static"):
         raise ValueError(f"decode.rule = {cfg.rule!r}: must be threshold or static")
+    if cfg.order not in ("confidence", "left"):
+        raise ValueError(f"decode.order = {cfg.order!r}: must be confidence or left")
     steps = cfg.steps_per_block or cfg.block_size
     if not 0 < steps <= cfg.block_size:
         raise ValueError(f"decode.steps_per_block = {cfg.steps_per_block} must be <= "

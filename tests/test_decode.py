@@ -52,9 +52,10 @@ def cut(seq, stop):
 
 # ----------------------------------------------------------------------------- naive references
 @torch.no_grad()
-def naive_sdar(model, prompt, K, steps, tau, rule, G, stop):
+def naive_sdar(model, prompt, K, steps, tau, rule, G, stop, order="confidence"):
     """Official block_diffusion_generate (models.md §3.2) without any cache: the whole canvas is
-    recomputed with the block-causal mask every step; k clamped to the masks left (§10 fix)."""
+    recomputed with the block-causal mask every step; k clamped to the masks left (§10 fix).
+    order "left": the k forced picks are the leftmost masks, plus (threshold rule) every p > tau."""
     P = len(prompt)
     L = math.ceil((P + G) / K) * K
     x = torch.full((1, L), MASK)
@@ -75,7 +76,10 @@ def naive_sdar(model, prompt, K, steps, tau, rule, G, stop):
             c = torch.where(m, p, torch.tensor(-math.inf, dtype=p.dtype))
             sel = torch.zeros(K, dtype=torch.bool)
             above = m & (p > tau)
-            if rule == "threshold" and int(above.sum()) >= k:
+            if order == "left":
+                sel[m.nonzero()[:k, 0]] = True
+                sel |= above if rule == "threshold" else sel
+            elif rule == "threshold" and int(above.sum()) >= k:
                 sel = above
             else:
                 sel[torch.topk(c, k).indices] = True
@@ -220,6 +224,23 @@ def test_sdar_fewer_steps_and_static_rule(steps):
         for i, pr in enumerate(prompts):
             toks, trace, _, nfe = naive_sdar(m, pr, 4, steps, tau, rule, 16, STOP)
             assert r.tokens[i] == toks and r.trace[i] == trace and r.nfe_denoise[i] == nfe
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.9])
+def test_left_order_matches_naive_and_decodes_left_to_right_at_tau_one(tau):
+    m = tiny_model("sdar", 4, eos_bias=0.3)
+    prompts = rand_prompts([5, 11, 3, 16], seed=2)
+    cfg = DecodeConfig(block_size=4, threshold=tau, max_new_tokens=20, order="left")
+    r = generate(m, prompts, cfg)
+    conf_order = generate(m, prompts, DecodeConfig(block_size=4, threshold=tau, max_new_tokens=20))
+    assert r.tokens != conf_order.tokens or r.trace != conf_order.trace  # the order changes the decode
+    for i, pr in enumerate(prompts):
+        toks, trace, conf, nfe = naive_sdar(m, pr, 4, 4, tau, "threshold", 20, STOP, order="left")
+        assert r.tokens[i] == toks and r.trace[i] == trace and r.nfe_denoise[i] == nfe
+        if tau == 1.0:  # one token per forward, in position order
+            assert r.trace[i] == sorted(r.trace[i]) and len(set(r.trace[i])) == len(r.trace[i])
+    with pytest.raises(ValueError, match="decode.order"):
+        generate(m, prompts, DecodeConfig(block_size=4, order="random"))
 
 
 def test_tau_one_commits_one_token_per_forward_and_trace_consistency():

@@ -9,7 +9,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2", "model.head_dim=16",
          "model.vocab_size=320", "sft.episodes=12", "sft.steps=3", "sft.ar_warmup=1", "sft.batch_size=4",
-         "sft.warmup=1",
+         "sft.warmup=1", "sft.val_every=2", "sft.val_episodes=2",
          "rl.steps=1", "rl.tasks_per_step=2", "rl.group_size=2", "rl.minibatch=8", "rl.micro_batch=8",
          "distill.steps=1", "distill.tasks_per_step=1", "distill.group_size=2", "distill.batch_size=4",
          "env.max_steps=3", "env.num_products=60", "env.num_goals=80", "env.num_test_goals=20",
@@ -36,6 +36,8 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     assert all("±" in line.split("|")[3] for line in table[7:9])  # rl and distill: vs the stage before
     recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert {x["stage"] for x in recs} >= {"sft", "rl", "distill"}
+    sft_recs = [x for x in recs if x["stage"] == "sft"]  # held-out action accuracy at step 2 and at the end
+    assert [x["step"] for x in sft_recs if "val_acc" in x] == [2, 3] and 0 <= sft_recs[-1]["val_acc"] <= 1
     assert os.path.exists(out / "export" / "model.safetensors") and os.path.exists(out / "results.md")
     assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "config.yaml")
     meta = json.load(open(out / "run.json"))  # the code that ran and the run's wall-clock
@@ -220,3 +222,51 @@ def test_results_table_delta_pairs_the_same_threshold():
     assert lines[0].endswith("commits aaa1111 → bbb2222 (resumed across commits), wall-clock 1.5 min over 3 pieces "
                              "(resumed)")
     assert lines[-2].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-1].split("|")[3].strip() == "-"
+
+
+def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_path):
+    """sft_validate compares the greedy answer's projected action with the expert's, per action kind.
+    The decoder is replaced by one that answers with the expert's own text (all right) or with a
+    product id one character off (every product click wrong, the rest right)."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import train
+    import d3mini.decode
+    from d3mini.config import ConfigError, load_config
+    from d3mini.decode import DecodeResult
+    from d3mini.envs.webshop import action_kind
+    assert [action_kind(a) for a in ("search[red shoes]", "click[b0q13]", "click[next >]", "click[buy now]",
+                                     "click[x-large]")] == ["search", "product", "nav", "nav", "option"]
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"),
+                      ["env.num_products=60", "env.num_goals=80", "env.num_test_goals=20", "sft.episodes=25",
+                       "sft.val_every=10", "sft.val_episodes=4", "model.vocab_size=320",
+                       f"train.out_dir={tmp_path}"])
+    info = train.dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
+    tok = train.build_tokenizer(cfg, info)
+    val = train.sft_val_set(cfg, tok)
+    assert len({s.episode_id for s in val}) == 4 and {action_kind(s.action) for s in val} >= {"search", "product"}
+    by_prompt = {tuple(s.prompt_ids): s for s in val}
+
+    def answer(edit):
+        def fake_generate(model, prompts, dcfg, tokenizer=None):
+            texts = [edit(by_prompt[tuple(p)].text) for p in prompts]
+            n = [len(t) for t in texts]
+            return DecodeResult(tokens=[[0] * k for k in n], text=texts, n_generated=n, stopped=[False] * len(n),
+                                nfe_denoise=[max(k // 2, 1) for k in n], nfe_total=n, tpf_denoise=[2.0] * len(n),
+                                tpf_total=[1.0] * len(n), trace=[], confidence=[])
+        return fake_generate
+
+    model = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(d3mini.decode, "generate", answer(lambda t: t))
+    out = train.sft_validate(cfg, model, tok, val)
+    assert out["val_acc"] == 1.0 and all(v == 1.0 for k, v in out.items() if k.startswith("val_acc/"))
+    assert out["val_tpf"] == pytest.approx(2.0, rel=0.1) and model.training
+    monkeypatch.setattr(d3mini.decode, "generate", answer(lambda t: t.replace("[b0", "[b1")))
+    out = train.sft_validate(cfg, model, tok, val)
+    n_prod = sum(action_kind(s.action) == "product" for s in val)
+    assert out["val_acc/product"] == 0.0 and out["val_acc/search"] == 1.0
+    assert out["val_acc"] == pytest.approx(1 - n_prod / len(val))
+    with pytest.raises(ConfigError, match="sft validation"):  # no train task outside the SFT set
+        train.check_startup(load_config(os.path.join(ROOT, "configs/tiny.yaml"),
+                                        ["env.num_goals=80", "env.num_test_goals=20", "sft.episodes=1000",
+                                         "sft.val_every=10", "train.stages=[sft]"]), info)

@@ -395,6 +395,21 @@ def project(text: str) -> tuple[str, bool]:
     return project_action(text, tail=20)
 
 
+NAV_CLICKS = ("back to search", "< prev", "next >", "description", "features", "reviews", "buy now")
+
+
+def action_kind(action: str) -> str:
+    """search | product (a product id) | nav (page navigation and buy now) | option, for per-kind
+    accuracies (SFT validation)."""
+    a = action.strip().lower()
+    if a.startswith("search["):
+        return "search"
+    x = a[len("click["):-1] if a.startswith("click[") and a.endswith("]") else a
+    if x in NAV_CLICKS:
+        return "nav"
+    return "product" if re.fullmatch(r"b0[0-9a-z]+", x) else "option"
+
+
 # ----------------------------------------------------------------------------- expert
 def search_query(instruction: str) -> str:
     """The expert's query, derived from the visible instruction: drop the price clause, the option clause
