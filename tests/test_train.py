@@ -217,11 +217,13 @@ def test_results_table_delta_pairs_the_same_threshold():
                            "tpf_denoise": 1.0, "wins": wins}
     res = {"a": [row(1.0, [0, 0, 0, 0]), row(0.95, [1, 1, 1, 1])],
            "b": [row(1.0, [1, 1, 0, 0])],          # only tau 1.0: compared with a's tau 1.0, not its 0.95
-           "c": [row(1.0, [None] * 4)]}            # no shared outcome: no change shown, no error
+           "c": [row(1.0, [None] * 4)],            # no shared outcome: no change shown, no error
+           "d": [row(1.0, [1, 1, 1, 1]), {**row(0.9, [0, 0, 0, 0]), "tpf_denoise": 2.0}]}  # AUP rejects
     lines = train.results_table(res, cfg, 90.0, "x", commits=["aaa1111", "bbb2222"], pieces=3).splitlines()
     assert lines[0].endswith("commits aaa1111 → bbb2222 (resumed across commits), wall-clock 1.5 min over 3 pieces "
                              "(resumed)")
-    assert lines[-2].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-1].split("|")[3].strip() == "-"
+    assert lines[-3].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-2].split("|")[3].strip() == "-"
+    assert lines[-1].split("|")[8].strip() == "rejected" and lines[-3].split("|")[8].strip() != "rejected"
 
 
 def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_path):
