@@ -588,9 +588,9 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None, p
         p, se = ci["p"], 100 * ci["se"]
         pts = [(r["tpf_denoise"], 100 * r["success"]) for r in rs]
         try:
-            a = aup(pts, alpha=cfg.eval.alpha, y_max=y_max)
+            a = f"{aup(pts, alpha=cfg.eval.alpha, y_max=y_max):.2f}"
         except AUPError:  # a curve whose fastest point lost > 5 points is rejected (metrics.md §2)
-            a = None
+            a = "rejected"
         tpf = lambda t: f"{by[t]['tpf_denoise']:.2f}" if t in by else "-"
         delta = "-"
         before = (prev or {}).get(float(ref["threshold"]), {}).get("wins")  # the stage above, same threshold
@@ -602,14 +602,14 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None, p
                 pass
         prev = by
         rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f} | {delta} | {ref['score']:.3f} | "
-                    f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {'rejected' if a is None else f'{a:.2f}'} |")
+                    f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {a} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cpus, torch {torch.__version__}), {code}, wall-clock {wall / 60:.1f} min"
             f"{f' over {pieces} pieces (resumed)' if pieces > 1 else ''}\n"
             f"command: `{command}`\nsuccess at tau 0.95 over {cfg.eval.num_tasks} held-out tasks; "
             f"AUP over thresholds {sorted(set(cfg.eval.sweep) | set(cfg.eval.thresholds))} "
-            f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f}; rejected: the fastest point lost > 5 points); Δ: change from the stage above on the same tasks, "
-            f"± paired s.e.\n\n")
+            f"(alpha {cfg.eval.alpha}, y_max {y_max:.1f}; rejected: the fastest point lost > 5 points); "
+            f"Δ: change from the stage above on the same tasks, ± paired s.e.\n\n")
     return head + "\n".join(rows) + "\n"
 
 
