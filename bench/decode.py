@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import os
 import platform
 import sys
@@ -49,6 +50,11 @@ def build(args, device, dtype):
     with torch.no_grad():
         m.lm_head.weight.mul_(args.head_scale)
     return m.to(device=device, dtype=dtype).eval()
+
+
+def cache_kw(h) -> str:
+    """The keyword transformers' forward takes the cache under: `cache` in recent 5.x, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(h.forward).parameters else "past_key_values"
 
 
 def hf_twin(m):
@@ -105,7 +111,8 @@ def official_loop(h, prompts, K, tau, G):
     Lp = (P // K) * K
     if Lp:
         bc = (pos[:Lp, None] // K >= pos[None, :Lp] // K)[None, None].expand(B, 1, Lp, Lp)
-        h(x[:, :Lp], attention_mask=bc, position_ids=pos[None, :Lp].expand(B, Lp), cache=cache, use_cache=True)
+        h(x[:, :Lp], attention_mask=bc, position_ids=pos[None, :Lp].expand(B, Lp), **{cache_kw(h): cache},
+          use_cache=True)
         fwd += 1
     ks = sched(K, K)
     for b in range(P // K, nb):
@@ -115,10 +122,10 @@ def official_loop(h, prompts, K, tau, G):
         pid = pos[None, lo:hi].expand(B, K)
         for s in range(K + 1):
             if not todo.any():  # KV-store forward of the finished block (logits unused)
-                h(blk, attention_mask=attn, position_ids=pid, cache=cache, use_cache=True)
+                h(blk, attention_mask=attn, position_ids=pid, **{cache_kw(h): cache}, use_cache=True)
                 fwd += 1
                 break
-            logits = h(blk, attention_mask=attn, position_ids=pid, cache=cache, use_cache=True).logits
+            logits = h(blk, attention_mask=attn, position_ids=pid, **{cache_kw(h): cache}, use_cache=True).logits
             cache.crop(-K)  # store_kv=False: attend over cache + block, persist nothing
             fwd += 1
             commit_rows(blk, todo, logits, ks[s], tau)

@@ -1,5 +1,6 @@
 """generate() against naive full-recompute decoders, transformers' AR generate, and rule invariants."""
 import copy
+import inspect
 import math
 import os
 from collections import Counter
@@ -15,6 +16,11 @@ from d3mini.model import DiffusionLM
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(2)
 MASK, STOP = 3, [2, 0]
+
+
+def cache_kw(h) -> str:
+    """The keyword transformers' forward takes the cache under: `cache` in recent 5.x, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(h.forward).parameters else "past_key_values"
 
 
 def tiny_cfg(family="sdar", block=4):
@@ -162,7 +168,7 @@ def naive_llada_prefix_cache(h, prompt, K, tau, rule, steps, G, stop):
             if s == 0:
                 cache = transformers.DynamicCache(config=h.config)
                 out = h(x, attention_mask=torch.ones(1, 1, L, L, dtype=torch.bool), position_ids=torch.arange(L)[None],
-                        cache=cache, use_cache=True)
+                        **{cache_kw(h): cache}, use_cache=True)
                 logits = out.logits[0, lo:hi]
                 cache.crop(-(L - lo))
                 prefix = cache
