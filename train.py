@@ -419,7 +419,9 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
     dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)
-    samples = []
+    samples, expert = [], []
+    if cfg.distill.expert_batch:  # replay: the SFT demonstrations, trained with the SFT loss beside distillation
+        expert, _ = rollout(None, tok, cfg.env, cfg.decode, sft_task_ids(cfg), expert=True, seed=cfg.train.seed)
     while step < cfg.distill.steps:
         t0 = time.time()
         if not samples or step % cfg.distill.rollouts_every == 0:
@@ -429,7 +431,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         with autocast(cfg):
             metrics = distill_step(model, opt, mine, cfg.distill, progress=step / max(cfg.distill.steps - 1, 1),
                                    gen=torch.Generator().manual_seed(cfg.train.seed * 31 + step + info.rank),
-                                   grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, world=info.world)
+                                   grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, world=info.world,
+                                   regularizer=expert_replay(cfg, model, expert, info, step) if expert else None)
         sch.step()
         step += 1
         rec = {"stage": "distill", "step": step, "rollout/success": rm["success"],
@@ -442,6 +445,20 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         maybe_save(cfg, model, opt, sch, "distill", step, cfg.distill.steps)
         crash_point("distill", step)
     bar.close()
+
+
+def expert_replay(cfg, model, expert: list, info, step: int):
+    """distill.expert_batch expert samples (the same draw on every rank, resumable by step) -> a
+    closure computing this rank's share of expert_weight x the SFT loss at the model's block size."""
+    rng = random.Random(cfg.train.seed * 7919 + step)
+    batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
+    gen = torch.Generator().manual_seed(cfg.train.seed * 100019 + step)
+
+    def loss():
+        value, _ = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,
+                            block_size=model.cfg.block_size, weight=cfg.sft.loss_weight, suffix=cfg.sft.suffix_masks)
+        return cfg.distill.expert_weight * value
+    return loss
 
 
 STAGES = {"sft": sft_stage, "rl": rl_stage, "distill": distill_stage}

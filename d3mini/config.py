@@ -173,6 +173,9 @@ class DistillConfig:
     complementary: bool = True      # also train the complementary in-block mask (dParallel / d3LLM CE_rev)
     block_sizes: list = field(default_factory=list)  # llada block-size curriculum over the stage, e.g.
                                     # [16, 16, 24, 24, 32, 32] (d3LLM); [] = the model's block_size
+    expert_batch: int = 0           # expert step samples per update trained with the SFT loss beside the
+                                    # distillation loss (replay against drift from the SFT behaviour); 0 = off
+    expert_weight: float = 1.0      # weight of that SFT loss
 
 
 @dataclass
@@ -253,7 +256,8 @@ _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size",
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
-           "env.retries", "train.threads", "sft.val_every", "sft.val_episodes"]
+           "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
+           "distill.expert_weight"]
 _UNIT = ["decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
 
 

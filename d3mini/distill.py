@@ -203,10 +203,13 @@ def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp
 
 # ----------------------------------------------------------------------------- step
 def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: float, gen=None, *,
-                 grad_clip: float = 1.0, clip_fn: Optional[Callable] = None, world: int = 1) -> dict:
+                 grad_clip: float = 1.0, clip_fn: Optional[Callable] = None, world: int = 1,
+                 regularizer: Optional[Callable] = None) -> dict:
     """One optimizer update on (at most batch_size / world of) the usable samples, micro-batched with
     global normalisers. With data parallel each rank passes its own slice and the loss is divided by
-    `world`, so summed gradients are the mean over ranks. Without usable samples nothing is updated."""
+    `world`, so summed gradients are the mean over ranks. Without usable samples nothing is updated.
+    regularizer: () -> loss, this rank's share of an extra term (e.g. the SFT loss on expert samples,
+    distill.expert_batch), weighted already; its gradient joins the update before clipping."""
     gen = gen if gen is not None else torch.Generator().manual_seed(0)
     kept = select_samples(samples, cfg)
     lo = r_floor(progress, cfg.r_max)
@@ -232,6 +235,10 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
         loss_sum += float(loss.detach())
         for k, v in st.items():
             tot[k] = tot.get(k, 0.0) + v
+    reg = None
+    if regularizer is not None:
+        reg = regularizer()
+        reg.backward()
     clip_fn = clip_fn or (lambda ps, mx: float(torch.nn.utils.clip_grad_norm_(ps, mx)))
     gnorm = clip_fn(params, grad_clip if grad_clip else float("inf"))
     optimizer.step()
@@ -242,4 +249,6 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
               "mask_ratio": tot["masked"] / max(elig, 1.0), "masked_tokens": tot["masked"],
               "block_size": K, "samples_used": len(kept), "grad_norm": gnorm,
               "resp_len": sum(len(s.response_ids) for s in kept) / len(kept)})
+    if reg is not None:
+        m["expert_loss"] = float(reg.detach())
     return m

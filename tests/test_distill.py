@@ -214,6 +214,26 @@ def test_micro_batching_gives_the_same_gradient():
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
+def test_regularizer_gradient_joins_the_update():
+    """The gradient of distill_step's regularizer is added to the distillation gradient before the
+    update: with SGD (lr 1, no clipping) and a regularizer c * sum(w), w moves by c more."""
+    rng = random.Random(9)
+    samples = [random_sample(rng, i) for i in range(4)]
+    after, stats = [], []
+    for c in (None, 0.25):
+        model = tiny("sdar")
+        w = model.lm_head.weight
+        w0 = float(w.detach().sum())
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        reg = None if c is None else (lambda: c * w.sum())
+        stats.append(distill_step(model, opt, samples, DistillConfig(batch_size=4), 0.3,
+                                  gen=torch.Generator().manual_seed(7), grad_clip=0.0, regularizer=reg))
+        after.append(w.detach().clone())
+    torch.testing.assert_close(after[0] - after[1], torch.full_like(after[0], 0.25), atol=1e-6, rtol=0)
+    assert "expert_loss" not in stats[0] and stats[1]["expert_loss"] == pytest.approx(0.25 * w0, rel=1e-5)
+    assert stats[0]["loss"] == pytest.approx(stats[1]["loss"])  # the distillation loss itself is unchanged
+
+
 def test_step_lowers_loss_and_only_trains_lora():
     rng = random.Random(8)
     samples = [random_sample(rng, i) for i in range(8)]

@@ -12,6 +12,7 @@ SMOKE = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_layer
          "sft.warmup=1", "sft.val_every=2", "sft.val_episodes=2",
          "rl.steps=1", "rl.tasks_per_step=2", "rl.group_size=2", "rl.minibatch=8", "rl.micro_batch=8",
          "distill.steps=1", "distill.tasks_per_step=1", "distill.group_size=2", "distill.batch_size=4",
+         "distill.expert_batch=4",
          "env.max_steps=3", "env.num_products=60", "env.num_goals=80", "env.num_test_goals=20",
          "eval.num_tasks=2", "eval.sweep=[1.0,0.9]", "decode.max_new_tokens=24", "train.save_every=2"]
 
@@ -38,6 +39,8 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     assert {x["stage"] for x in recs} >= {"sft", "rl", "distill"}
     sft_recs = [x for x in recs if x["stage"] == "sft"]  # held-out action accuracy at step 2 and at the end
     assert [x["step"] for x in sft_recs if "val_acc" in x] == [2, 3] and 0 <= sft_recs[-1]["val_acc"] <= 1
+    dis = [x for x in recs if x["stage"] == "distill" and "step" in x]  # expert replay beside distillation
+    assert all(x["expert_loss"] > 0 for x in dis if not x["skipped"])
     assert os.path.exists(out / "export" / "model.safetensors") and os.path.exists(out / "results.md")
     assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "config.yaml")
     meta = json.load(open(out / "run.json"))  # the code that ran and the run's wall-clock
@@ -272,3 +275,29 @@ def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_
         train.check_startup(load_config(os.path.join(ROOT, "configs/tiny.yaml"),
                                         ["env.num_goals=80", "env.num_test_goals=20", "sft.episodes=1000",
                                          "sft.val_every=10", "train.stages=[sft]"]), info)
+
+
+def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
+    """distill.expert_batch: the closure's value is expert_weight x the SFT loss at the model's block
+    size on a draw of expert samples that depends only on (seed, step), the same on every rank."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import train
+    from d3mini.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"),
+                      [*SMOKE, f"train.out_dir={tmp_path}", "distill.expert_weight=0.5"])
+    info = train.dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
+    tok = train.build_tokenizer(cfg, info)
+    model = train.build_model(cfg, tok, info)
+    expert, _ = train.rollout(None, tok, cfg.env, cfg.decode, train.sft_task_ids(cfg), expert=True, seed=0)
+    a, b, c = (train.expert_replay(cfg, model, expert, info, s)() for s in (3, 3, 4))
+    assert float(a) == float(b) > 0 and float(a) != float(c)
+    import random as _r
+    rng = _r.Random(cfg.train.seed * 7919 + 3)
+    batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
+    ref, _ = train.sft_loss(model, batch, torch.Generator().manual_seed(cfg.train.seed * 100019 + 3), info,
+                            cfg.sft.loss_norm, cfg.sft.mask_copies, block_size=model.cfg.block_size,
+                            weight=cfg.sft.loss_weight, suffix=cfg.sft.suffix_masks)
+    assert float(a) == pytest.approx(0.5 * float(ref), rel=1e-6)
+    a.backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
