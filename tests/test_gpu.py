@@ -4,6 +4,7 @@ bf16 mixed-precision policy, and the tiny pipeline end to end on CUDA in bf16.
 
     pytest -m gpu -q            # on a machine with CUDA
 """
+import copy
 import json
 import os
 import subprocess
@@ -34,7 +35,6 @@ def exact_fp32():
 
 
 def on(m, device, dtype=torch.float32):
-    import copy
     return copy.deepcopy(m).to(device=device, dtype=dtype)
 
 
