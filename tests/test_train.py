@@ -228,6 +228,8 @@ def test_results_table_delta_pairs_the_same_threshold():
     assert lines[0].endswith("commits aaa1111 → bbb2222 (resumed across commits), wall-clock 1.5 min over 3 pieces "
                              "(resumed)")
     assert lines[-3].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-2].split("|")[3].strip() == "-"
+    assert lines[-4].split("|")[2].strip() == "100.0 ± 0.0"  # a's tau 0.95 row
+    assert lines[-3].split("|")[2].strip() == "50.0 ± 25.0 (τ 1.0)"  # b has no tau 0.95 row: its tau is named
     assert lines[-1].split("|")[8].strip() == "rejected" and lines[-3].split("|")[8].strip() != "rejected"
 
 
