@@ -413,7 +413,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
 
 
 def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
-    from d3mini.distill import distill_step
+    from d3mini.distill import distill_step, select_samples
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
     step = resume_into(cfg, model, opt, sch, start)
@@ -428,6 +428,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
             samples, rm = policy_rollout(cfg, model, tok, dcfg, ids, cfg.distill.tasks_per_step,
                                          cfg.distill.group_size, 104729, step)
         mine = samples[info.rank::info.world]
+        if info.world > 1 and dist.all_reduce_sum(float(not select_samples(mine, cfg.distill))) > 0:
+            mine = []  # a rank without usable samples would skip the collectives the others enter: all skip
         with autocast(cfg):
             metrics = distill_step(model, opt, mine, cfg.distill, progress=step / max(cfg.distill.steps - 1, 1),
                                    gen=torch.Generator().manual_seed(cfg.train.seed * 31 + step + info.rank),
