@@ -451,14 +451,16 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
 
 def expert_replay(cfg, model, expert: list, info, step: int):
     """distill.expert_batch expert samples (the same draw on every rank, resumable by step) -> a
-    closure computing this rank's share of expert_weight x the SFT loss at the model's block size."""
+    closure computing this rank's share of expert_weight x the SFT loss as the SFT stage ended (its last
+    block_schedule phase)."""
     rng = random.Random(cfg.train.seed * 7919 + step)
     batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
     gen = torch.Generator().manual_seed(cfg.train.seed * 100019 + step)
 
     def loss():
         value, _ = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,
-                            block_size=model.cfg.block_size, weight=cfg.sft.loss_weight, suffix=cfg.sft.suffix_masks)
+                            block_size=sft_block_size(cfg, cfg.sft.steps - 1), weight=cfg.sft.loss_weight,
+                            suffix=cfg.sft.suffix_masks)
         return cfg.distill.expert_weight * value
     return loss
 

@@ -282,8 +282,8 @@ def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_
 
 
 def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
-    """distill.expert_batch: the closure's value is expert_weight x the SFT loss at the model's block
-    size on a draw of expert samples that depends only on (seed, step), the same on every rank."""
+    """distill.expert_batch: the closure's value is expert_weight x the SFT loss (the last block_schedule
+    phase's block size) on a draw of expert samples that depends only on (seed, step), the same on every rank."""
     sys.path.insert(0, ROOT)
     import random
 
@@ -301,8 +301,8 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     rng = random.Random(cfg.train.seed * 7919 + 3)
     batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
     ref, _ = train.sft_loss(model, batch, torch.Generator().manual_seed(cfg.train.seed * 100019 + 3), info,
-                            cfg.sft.loss_norm, cfg.sft.mask_copies, block_size=model.cfg.block_size,
+                            cfg.sft.loss_norm, cfg.sft.mask_copies, block_size=8,
                             weight=cfg.sft.loss_weight, suffix=cfg.sft.suffix_masks)
-    assert float(a) == pytest.approx(0.5 * float(ref), rel=1e-6)
+    assert float(a) == pytest.approx(0.5 * float(ref), rel=1e-6) and train.sft_block_size(cfg, cfg.sft.steps - 1) == 8
     a.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
