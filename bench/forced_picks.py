@@ -1,0 +1,59 @@
+"""Where does the decoder hesitate? Tokens committed below tau ("forced picks": the decoder's one
+forced commit per forward when nothing is confident) split by response region, think text vs action.
+
+    python bench/forced_picks.py runs/tiny/ckpt/step_00100020 [--tasks 60] [--tau 0.95]
+
+The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used); held-out
+test tasks, greedy. Region of a token: "think" before the response's `<action>` tag, "action" up to
+`</action>`, "after" past it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import eval as ev  # noqa: E402
+from d3mini.config import load_config  # noqa: E402
+from d3mini.envs import env_module  # noqa: E402
+from d3mini.rollout import rollout  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ckpt")
+    ap.add_argument("--tasks", type=int, default=60)
+    ap.add_argument("--tau", type=float, default=0.95)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_config(os.path.join(ev.run_dir_of(args.ckpt), "config.yaml"))
+    model, tok = ev.load_training_checkpoint(args.ckpt, cfg)
+    ids = env_module(cfg.env.name).task_ids(cfg.env, "test")[:args.tasks]
+    with torch.no_grad():
+        samples, m = rollout(model, tok, cfg.env, replace(cfg.decode, threshold=args.tau, temperature=0.0), ids,
+                             seed=0, batch_size=args.tasks)
+    tokens, forced = collections.Counter(), collections.Counter()
+    for s in samples:
+        text = ""
+        for t, c in zip(s.response_ids, s.confidence):
+            region = "after" if "</action>" in text else "action" if "<action>" in text else "think"
+            text += tok.decode([t])
+            tokens[region] += 1
+            forced[region] += c < args.tau
+    print(f"# {args.ckpt}: {len(ids)} test tasks, tau {args.tau}, success {m['success']:.3f}, "
+          f"TPF {m['tpf_denoise']:.2f}")
+    print("| region | tokens | forced picks | share of the region | share of all forced |")
+    print("|---|---|---|---|---|")
+    for r in ("think", "action", "after"):
+        print(f"| {r} | {tokens[r]} | {forced[r]} | {forced[r] / max(tokens[r], 1):.2f} | "
+              f"{forced[r] / max(sum(forced.values()), 1):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
