@@ -284,6 +284,11 @@ def policy_task_ids(cfg, goals: str, what: str = "goals") -> list:
     return rest
 
 
+def expert_samples(cfg, tok) -> tuple:
+    """The SFT demonstrations: (expert step samples, rollout metrics) of the SFT tasks."""
+    return rollout(None, tok, cfg.env, cfg.decode, sft_task_ids(cfg), expert=True, seed=cfg.train.seed)
+
+
 def sft_val_set(cfg, tok) -> list:
     """Expert step samples of sft.val_episodes train tasks the SFT set does not use (never test tasks)."""
     if not cfg.sft.val_every:
@@ -322,9 +327,9 @@ def sft_validate(cfg, model, tok, val: list) -> dict:
 
 
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
-    ids = sft_task_ids(cfg)
-    data, m = rollout(None, tok, cfg.env, cfg.decode, ids, expert=True, seed=cfg.train.seed)
-    dist.print0(f"sft: {len(data)} expert step samples from {len(ids)} episodes (expert success {m['success']:.3f})")
+    data, m = expert_samples(cfg, tok)
+    dist.print0(f"sft: {len(data)} expert step samples from {m['num_episodes']} episodes "
+                f"(expert success {m['success']:.3f})")
     val = sft_val_set(cfg, tok)
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
     step = resume_into(cfg, model, opt, sch, start)
@@ -421,7 +426,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)
     samples, expert = [], []
     if cfg.distill.expert_batch:  # replay: the SFT demonstrations, trained with the SFT loss beside distillation
-        expert, _ = rollout(None, tok, cfg.env, cfg.decode, sft_task_ids(cfg), expert=True, seed=cfg.train.seed)
+        expert, _ = expert_samples(cfg, tok)
     while step < cfg.distill.steps:
         t0 = time.time()
         if not samples or step % cfg.distill.rollouts_every == 0:

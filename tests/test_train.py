@@ -295,7 +295,8 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     info = train.dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
     tok = train.build_tokenizer(cfg, info)
     model = train.build_model(cfg, tok, info)
-    expert, _ = train.rollout(None, tok, cfg.env, cfg.decode, train.sft_task_ids(cfg), expert=True, seed=0)
+    expert, _ = train.expert_samples(cfg, tok)
+    assert len({x.episode_id for x in expert}) == cfg.sft.episodes
     a, b, c = (train.expert_replay(cfg, model, expert, info, s)() for s in (3, 3, 4))
     assert float(a) == float(b) > 0 and float(a) != float(c)
     rng = random.Random(cfg.train.seed * 7919 + 3)
