@@ -167,6 +167,8 @@ class DistillConfig:
     only_valid: bool = True         # train only on valid step samples
     only_success: bool = False      # train only on steps of successful episodes
     tie_break: str = "confidence"   # confidence | random: order among tokens committed at the same forward
+    score: str = "all"              # all | think: response tokens the loss trains; think = only those before
+                                    # the <action> tag (the action's tokens stay masked in both copies, unscored)
     threshold: float = 0.95         # decode threshold for the rollouts that make targets
     goals: str = "train"            # train | unseen, as rl.goals
     micro_batch: int = 16           # step samples per forward/backward (gradient accumulation)
@@ -245,6 +247,7 @@ _CHOICES = {
     "distill.goals": ("train", "unseen"),
     "rl.estimator": ("auto", "ar", "sdar_block", "llada_mc", "llada_coupled", "mean_field"),
     "distill.tie_break": ("confidence", "random"),
+    "distill.score": ("all", "think"),
     "train.dtype": ("float32", "bfloat16"),
 }
 _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size", "model.num_layers",

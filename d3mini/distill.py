@@ -10,6 +10,9 @@ forward. Per trained block, with m = its response tokens and r ~ U[r_floor(t), r
     complement                              the block's other response tokens, masked instead
     r_floor(t) = t * r_max                  easy -> hard over the stage (progress t in [0, 1])
 
+`score: think` trains the think text only: the tokens from the <action> tag on are masked in both copies
+and never scored (the decoder's hesitation left after distillation sat in the action; bench/forced_picks.py).
+
 Ties (tokens committed by the same forward) are ordered by `tie_break`: "confidence" masks the
 lower commit confidence first (the decoder would have committed it later), then the later
 position; "random" orders them uniformly at random.
@@ -109,8 +112,10 @@ class DistillBatch:
 
 
 def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, tie_break: str,
-                pad_id: int, gen=None, device=None) -> DistillBatch:
-    """Masks from the decode traces (module docstring); r ~ U[r_lo, r_hi] per SDAR block / LLaDA sample."""
+                pad_id: int, gen=None, device=None, score: str = "all") -> DistillBatch:
+    """Masks from the decode traces (module docstring); r ~ U[r_lo, r_hi] per SDAR block / LLaDA sample.
+    score "think": response tokens from each sample's think_len on (the action) are drawn like the others
+    but then masked in both copies and never scored."""
     if family not in ("sdar", "llada"):
         raise ValueError(f"distill: family {family!r} decodes one token per forward; needs sdar or llada")
     P = [len(s.prompt_ids) for s in samples]
@@ -138,6 +143,12 @@ def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, ti
             k = n_masked(uni(), hi - lo)
             masked[i, [p + j for j in ranked[:k]]] = True
             comp[i, [p + j for j in ranked[k:]]] = True
+        if score == "think":
+            cut = p + min(s.think_len, R)
+            hidden[i, cut:p + R] = True
+            masked[i, cut:], comp[i, cut:] = False, False
+        elif score != "all":
+            raise ValueError(f"distill.score = {score!r}: must be all | think")
     dev = device or "cpu"
     return DistillBatch(ids.to(dev), torch.tensor([p + len(s.response_ids) for p, s in zip(P, samples)], device=dev),
                         masked.to(dev), comp.to(dev), hidden.to(dev), torch.tensor(P, device=dev), K)
@@ -222,7 +233,7 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
     mc = model.cfg
     K = mc.block_size if mc.family == "sdar" else block_size_at(progress, cfg.block_sizes, mc.block_size)
     dev = next(model.parameters()).device
-    b = build_batch(kept, mc.family, K, lo, cfg.r_max, cfg.tie_break, mc.pad_id, gen, dev)
+    b = build_batch(kept, mc.family, K, lo, cfg.r_max, cfg.tie_break, mc.pad_id, gen, dev, cfg.score)
     n_mask, n_comp = max(float(b.masked.sum()), 1.0), max(float(b.comp.sum()), 1.0)
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: only the adapters
     optimizer.zero_grad(set_to_none=True)

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 from d3mini.config import DecodeConfig, EnvConfig
 from d3mini.data import apply_chat
-from d3mini.envs import EnvError, env_module, is_action_valid, make_env
+from d3mini.envs import EnvError, action_start, env_module, is_action_valid, make_env
 
 
 @dataclass
@@ -39,6 +39,7 @@ class StepSample:
     won: bool = False           # the episode was won (for distill's only_success)
     score: float = 0.0          # the episode's raw score
     text: str = ""              # decoded response text (for dumps)
+    think_len: int = 0          # response tokens before the one that opens <action> (all of them without it)
 
 
 @dataclass
@@ -134,7 +135,8 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             valid = is_action_valid(action, ok, e.admissible, env_cfg.require_admissible)
             e.samples.append(StepSample(prompt_ids=p, response_ids=list(ids), trace=tr, confidence=conf,
                                         action=action, valid=valid, reward=0.0, group_id=e.group_id,
-                                        episode_id=e.episode_id, step=step, text=text))
+                                        episode_id=e.episode_id, step=step, text=text,
+                                        think_len=action_start(tokenizer, ids)))
             e.n_valid += int(valid)
             e.tokens += len(ids)
             e.nfe_denoise += nd

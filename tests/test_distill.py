@@ -121,6 +121,48 @@ def test_complement_and_prompt_never_masked(family):
             assert b.hidden[i, P + hi:P + R].all() and not b.hidden[i, :P + hi].any()
 
 
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_score_think_hides_the_action(family):
+    """score "think": the masks drawn for the think text are those of score "all" (same generator); from
+    think_len on every response token is masked in both copies and unscored."""
+    rng = random.Random(4)
+    samples = [random_sample(rng, i) for i in range(40)]
+    for s in samples:
+        s.think_len = rng.randint(0, len(s.response_ids))
+    a, t = (build_batch(samples, family, 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(3),
+                        score=sc) for sc in ("all", "think"))
+    for i, s in enumerate(samples):
+        cut = len(s.prompt_ids) + s.think_len
+        for x, y in ((a.masked, t.masked), (a.comp, t.comp), (a.hidden, t.hidden)):
+            assert torch.equal(x[i, :cut], y[i, :cut])
+        assert not (t.masked[i, cut:] | t.comp[i, cut:]).any()
+        assert t.hidden[i, cut:len(s.prompt_ids) + len(s.response_ids)].all()
+    with pytest.raises(ValueError, match="distill.score"):
+        build_batch(samples, family, 4, 0.0, 0.8, "confidence", PAD, score="action")
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_score_think_loss_ignores_the_action_tokens(family):
+    """The action comes after the think text, so with score "think" no scored position sees the action's
+    tokens: rewriting them leaves the loss unchanged (with "all" it changes)."""
+    rng = random.Random(5)
+    samples = [random_sample(rng, i) for i in range(8)]
+    for s in samples:
+        s.think_len = len(s.response_ids) // 2
+    other = [sample(s.prompt_ids, s.response_ids[:s.think_len] + [(t + 7) % 20 + 4 for t in s.response_ids[s.think_len:]],
+                    s.trace, s.confidence, ep=s.episode_id) for s in samples]
+    for s, o in zip(samples, other):
+        o.think_len = s.think_len
+    model = tiny(family)
+    loss = {}
+    for sc in ("all", "think"):
+        for name, batch in (("orig", samples), ("other", other)):
+            b = build_batch(batch, family, 4, 0.2, 0.8, "confidence", PAD, torch.Generator().manual_seed(1), score=sc)
+            loss[sc, name] = float(distill_loss(model, b, DistillConfig(score=sc))[0].detach())
+    assert loss["think", "orig"] == pytest.approx(loss["think", "other"], rel=1e-6)
+    assert loss["all", "orig"] != pytest.approx(loss["all", "other"], rel=1e-3)
+
+
 def test_select_samples_filters():
     s = [sample([5], [6, EOS], [0, 0]), sample([5], [6, EOS], [0, 0], valid=False),
          sample([5], [6, EOS], [0, 1], won=False), sample([5], [6, EOS], None, None)]

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from d3mini.config import EnvConfig
-from d3mini.envs import EnvError, EnvInputError, is_action_valid, project_action
+from d3mini.envs import EnvError, EnvInputError, action_start, is_action_valid, project_action
 from d3mini.envs import webshop as W
 from d3mini.envs import webshop_data as D
 
@@ -232,6 +232,31 @@ def test_step_limit_truncates():
 
 
 # ----------------------------------------------------------------------------- projection, prompts
+class _Pieces:
+    """A stand-in tokenizer: id i decodes to pieces[i]."""
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_action_start_finds_the_token_that_opens_the_tag():
+    tok = _Pieces(["<think>", "red", " shirt", "</think>", "<Act", "ion>", "click[x]", "</action>", "<act", "x"])
+    assert action_start(tok, [0, 1, 2, 3, 4, 5, 6, 7]) == 4       # the tag split over two tokens: its first
+    assert action_start(tok, [0, 1, 3, 9, 8, 5, 6]) == 4           # "<act" after "x" still starts the tag
+    assert action_start(tok, [0, 1, 2, 3, 6, 7]) == 6              # no tag: everything is think text
+    assert action_start(tok, []) == 0
+
+
+def test_action_start_on_the_tiny_tokenizer():
+    from d3mini.data import build_tiny_tokenizer
+    tok = build_tiny_tokenizer(["<think>look for a red shirt</think><action>search[red shirt]</action>"] * 4, 300)
+    think = tok.encode("<think>look for a red shirt</think>")
+    ids = tok.encode("<think>look for a red shirt</think><action>search[red shirt]</action>")
+    assert ids[:len(think)] == think and action_start(tok, ids) == len(think)
+
+
 def test_projection_rules():
     assert W.project("<think>ok</think><action>Click[Buy Now]</action>") == ("click[buy now]", True)
     a, ok = W.project("I would click buy now somewhere here")

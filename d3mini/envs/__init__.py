@@ -125,6 +125,21 @@ def project_action(text: str, tail: int = 20) -> tuple[str, bool]:
     return action, ok
 
 
+def action_start(tokenizer, ids: list) -> int:
+    """Index of the response token in which the first `<action>` tag begins (case-insensitive, as
+    project_action reads it): the tokens before it are the think text. len(ids) without the tag."""
+    pieces = [tokenizer.decode([t]) for t in ids]
+    at = "".join(pieces).lower().find("<action>")
+    if at < 0:
+        return len(ids)
+    end = 0
+    for i, piece in enumerate(pieces):
+        end += len(piece)
+        if end > at:
+            return i
+    return len(ids)
+
+
 def _canonical(action: str) -> str:
     m = re.fullmatch(r"\s*(\w+)\s*\[\s*(.*?)\s*\]\s*", action, re.S)
     return f"{m.group(1)}[{m.group(2)}]" if m else action.strip()
