@@ -151,6 +151,8 @@ class RLConfig:
     mask_scheme: str = "auto"       # ELBO mask draws: auto (algo/estimator default) | stratified | coupled | sdmc
     dual_clip: float = 3.0          # verl dual-clip bound c for A < 0 (grpo, bgpo); 0 = off
     goals: str = "train"            # train (every train task) | unseen (train tasks the SFT stage did not use)
+    score: str = "all"              # all | action: response tokens the policy gradient credits; action = from the
+                                    # <action> tag on, the think text before it then clean context like the prompt
 
 
 @dataclass
@@ -248,6 +250,7 @@ _CHOICES = {
     "rl.estimator": ("auto", "ar", "sdar_block", "llada_mc", "llada_coupled", "mean_field"),
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
+    "rl.score": ("all", "action"),
     "train.dtype": ("float32", "bfloat16"),
 }
 _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size", "model.num_layers",

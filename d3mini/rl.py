@@ -20,7 +20,8 @@ listed keep the RLConfig default, which is d3llm_v2's):
 
 (D§ = DESIGN.md, § = reference/rl.md.) "family ELBO" = sdar_block on SDAR, llada_mc on LLaDA.
 Every sequence-level likelihood is length-normalised by the valid response length |y| (stop token
-included, padding excluded).
+included, padding excluded). `rl.score: action` (any algorithm) credits only the action: the think
+text before the <action> tag joins the prompt as clean context and y is the rest (`credited`).
 """
 from __future__ import annotations
 
@@ -607,6 +608,18 @@ def _rollout_old(batch: Batch, old_logp: list) -> Est:
     return Est(tok, draw, torch.zeros_like(draw[:, 0]), batch.resp)
 
 
+def credited(samples: list, score: str = "all") -> list:
+    """Per sample, how many leading response tokens move to the prompt before estimating: 0 for score
+    "all"; for "action" the think text before the <action> tag (sample.think_len), which then is clean
+    context like the prompt, so the estimate is of log p(action | prompt, think). A response without
+    the tag stays whole."""
+    if score == "all":
+        return [0] * len(samples)
+    if score != "action":
+        raise ValueError(f"rl.score = {score!r}: must be all | action")
+    return [s.think_len if 0 < s.think_len < len(s.response_ids) else 0 for s in samples]
+
+
 def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, old_logp: Optional[list] = None,
             rollout_metrics: Optional[dict] = None, step: int = 0, grad_clip: float = 1.0,
             rank: int = 0, world: int = 1, clip_fn: Optional[Callable] = None) -> dict:
@@ -632,7 +645,9 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
     r = gate_rewards(raw, valid, cfg.gating, cfg.penalty)
     adv, zero_std = advantages(r, [s.group_id for s in samples], cfg.advantage)
     adv = adv.to(dev)
-    batch = batch_tokens([s.prompt_ids for s in samples], [s.response_ids for s in samples], model.cfg.pad_id, dev)
+    moved = credited(samples, cfg.score)
+    batch = batch_tokens([list(s.prompt_ids) + list(s.response_ids[:c]) for s, c in zip(samples, moved)],
+                         [list(s.response_ids[c:]) for s, c in zip(samples, moved)], model.cfg.pad_id, dev)
     est, scheme, D = resolve_estimator(cfg, model.cfg.family)
     if old_logp is not None and est != "ar":
         raise ValueError(f"old_logp from the rollout is only usable with the ar estimator, not {est!r}")
@@ -659,7 +674,7 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
                 fwd[name] += dr.masked.shape[0] * dr.masked.shape[1]
         T[name] = time.perf_counter() - t
     if old_logp is not None:
-        full = _rollout_old(batch, old_logp)
+        full = _rollout_old(batch, [lp[c:] for lp, c in zip(old_logp, moved)])
         old = {k: full.select(mi, batch.select(mi).ids.shape[1]) for k, (j, mi) in enumerate(parts)}
 
     t = time.perf_counter()

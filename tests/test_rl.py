@@ -31,6 +31,7 @@ class StepSample:  # the fields rl_step reads (DESIGN.md §3)
     valid: bool = True
     action: str = ""
     trace: list = field(default_factory=list)
+    think_len: int = 0
 
 
 def tiny(family="sdar", seed=0, block=4):
@@ -443,6 +444,33 @@ def test_rank_split_gradients_sum_to_one_process(algo):
         rl.rl_step(tiny(family), torch.optim.SGD(tiny(family).parameters(), lr=1.0), group(n=3), cfg, world=2)
 
 
+@pytest.mark.parametrize("algo", ["d3llm_v2", "d1", "grpo"])
+def test_score_action_credits_the_action_given_the_think_text(algo):
+    """rl.score "action" is rl.score "all" on samples whose think text (think_len tokens) was moved into
+    the prompt: the same update, exactly. A response without an action (think_len = its length) or
+    without think text stays whole."""
+    family = "qwen3" if algo == "grpo" else "sdar"
+    resps = [[8, 9, 10, 11, 2], [9, 8, 12, 2], [10, 11, 2], [11, 10, 13, 14, 2]]
+    think = [2, 1, 3, 0]  # sample 2: no action tag (think_len = len), sample 3: no think text
+    deltas = []
+    for score, moved in (("action", False), ("all", True)):
+        samples = []
+        for i, (r, t) in enumerate(zip(resps, think)):
+            c = t if 0 < t < len(r) else 0
+            samples.append(StepSample([5, 6, 7] + r[:c], r[c:], float(i == 1), episode_id=i) if moved else
+                           StepSample([5, 6, 7], r, float(i == 1), episode_id=i, think_len=t))
+        model = tiny(family)
+        cfg = rl.rl_config(algo, kl="none", epochs=1, minibatch=4, micro_batch=2, score=score)
+        before = [p.detach().clone() for p in model.parameters()]
+        m = rl.rl_step(model, torch.optim.SGD(model.parameters(), lr=1.0), samples, cfg, grad_clip=0.0)
+        deltas.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]))
+        assert m["resp_len"] == pytest.approx((3 + 3 + 3 + 5) / 4)
+    assert deltas[0].abs().max() > 0
+    torch.testing.assert_close(deltas[0], deltas[1], atol=1e-7, rtol=1e-5)
+    with pytest.raises(ValueError, match="rl.score"):
+        rl.credited(samples, "think")
+
+
 def test_rollout_old_logp_and_config_errors():
     model = tiny("qwen3")
     samples = group()
@@ -456,6 +484,12 @@ def test_rollout_old_logp_and_config_errors():
     cfg = rl.rl_config("grpo", kl="none", **FAST)
     m = rl.rl_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), samples, cfg, old_logp=old)
     assert m["noise0"] < 1e-5 and "fwd_rows/old" not in m
+    for s in samples:  # rl.score "action": the rollout's log-probs of the action tokens are the ones kept
+        s.think_len = 1
+    fresh = tiny("qwen3")  # the model old was computed with (the update above moved `model`)
+    m = rl.rl_step(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-3), samples,
+                   rl.rl_config("grpo", kl="none", score="action", **FAST), old_logp=old)
+    assert m["noise0"] < 1e-5 and m["resp_len"] == 2
     with pytest.raises(ValueError, match="needs ref_model"):
         rl.rl_step(model, torch.optim.Adam(model.parameters()), samples, rl.rl_config("grpo"))
     with pytest.raises(ValueError, match="does not fit model.family"):
