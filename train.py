@@ -457,9 +457,14 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
 def expert_replay(cfg, model, expert: list, info, step: int):
     """distill.expert_batch expert samples (the same draw on every rank, resumable by step) -> a
     closure computing this rank's share of expert_weight x the SFT loss as the SFT stage ended (its last
-    block_schedule phase)."""
+    block_schedule phase); with distill.expert_score "action" on the action only, given the think text."""
+    from dataclasses import replace
+    from d3mini.rl import credited
     rng = random.Random(cfg.train.seed * 7919 + step)
     batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
+    moved = credited(batch, cfg.distill.expert_score)  # "action": the think text moves to the prompt
+    batch = [replace(s, prompt_ids=list(s.prompt_ids) + list(s.response_ids[:c]), response_ids=s.response_ids[c:],
+                     think_len=0) if c else s for s, c in zip(batch, moved)]
     gen = torch.Generator().manual_seed(cfg.train.seed * 100019 + step)
 
     def loss():

@@ -180,6 +180,9 @@ class DistillConfig:
     expert_batch: int = 0           # expert step samples per update trained with the SFT loss beside the
                                     # distillation loss (replay against drift from the SFT behaviour); 0 = off
     expert_weight: float = 1.0      # weight of that SFT loss
+    expert_score: str = "all"       # all | action: what the replay trains; action = from the <action> tag on, the
+                                    # expert's think text then clean context (with score: think, each loss keeps
+                                    # to its own part of the response)
 
 
 @dataclass
@@ -251,6 +254,7 @@ _CHOICES = {
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
     "rl.score": ("all", "action"),
+    "distill.expert_score": ("all", "action"),
     "train.dtype": ("float32", "bfloat16"),
 }
 _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size", "model.num_layers",

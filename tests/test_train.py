@@ -307,3 +307,16 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     assert float(a) == pytest.approx(0.5 * float(ref), rel=1e-6) and train.sft_block_size(cfg, cfg.sft.steps - 1) == 8
     a.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+    # expert_score "action": the same draw with each think text moved into the prompt (clean context)
+    from dataclasses import replace
+    from d3mini.envs import action_start
+    act = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [*SMOKE, f"train.out_dir={tmp_path}",
+                      "distill.expert_weight=0.5", "distill.expert_score=action"])
+    assert all(0 < x.think_len == action_start(tok, x.response_ids) < len(x.response_ids) for x in batch)
+    moved = [replace(x, prompt_ids=x.prompt_ids + x.response_ids[:x.think_len],
+                     response_ids=x.response_ids[x.think_len:]) for x in batch]
+    ref, _ = train.sft_loss(model, moved, torch.Generator().manual_seed(cfg.train.seed * 100019 + 3), info,
+                            cfg.sft.loss_norm, cfg.sft.mask_copies, block_size=8,
+                            weight=cfg.sft.loss_weight, suffix=cfg.sft.suffix_masks)
+    d = train.expert_replay(act, model, expert, info, 3)()
+    assert float(d) == pytest.approx(0.5 * float(ref), rel=1e-6) and float(d) != pytest.approx(float(a))
