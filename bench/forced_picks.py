@@ -4,8 +4,9 @@ forced commit per forward when nothing is confident) split by response region, t
     python bench/forced_picks.py runs/tiny/ckpt/step_00100020 [--tasks 60] [--tau 0.95]
 
 The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used); held-out
-test tasks, greedy. Region of a token: "think" before the response's `<action>` tag, "action" up to
-`</action>`, "after" past it.
+test tasks, greedy. Region of a token: "think" before the token that opens the response's `<action>` tag
+(StepSample.think_len, the cut distill.score / rl.score use), "action" up to `</action>`, "after" past it.
+Then the first invalid action of each episode, by the env's action kind.
 """
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def main():
     tokens, forced = collections.Counter(), collections.Counter()
     for s in samples:
         text = ""
-        for t, c in zip(s.response_ids, s.confidence):
-            region = "after" if "</action>" in text else "action" if "<action>" in text else "think"
+        for i, (t, c) in enumerate(zip(s.response_ids, s.confidence)):
+            region = "think" if i < s.think_len else "after" if "</action>" in text else "action"
             text += tok.decode([t])
             tokens[region] += 1
             forced[region] += c < args.tau
@@ -53,6 +54,15 @@ def main():
     for r in ("think", "action", "after"):
         print(f"| {r} | {tokens[r]} | {forced[r]} | {forced[r] / max(tokens[r], 1):.2f} | "
               f"{forced[r] / max(sum(forced.values()), 1):.2f} |")
+    # an invalid action leaves the page as it was, so the greedy policy repeats it: count each episode once
+    kind = getattr(env_module(cfg.env.name), "action_kind", lambda a: a.split("[", 1)[0].strip())
+    first = {}
+    for s in samples:
+        if not s.valid:
+            first.setdefault(s.episode_id, s)
+    kinds = collections.Counter(kind(s.action) for s in first.values())
+    print(f"\n{len(first)} of {len(ids)} episodes take an invalid action; the first one per episode, by kind: "
+          + ", ".join(f"{k} {v}" for k, v in kinds.most_common()))
 
 
 if __name__ == "__main__":
