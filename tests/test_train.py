@@ -291,7 +291,7 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     import train
     from d3mini.config import load_config
     cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"),
-                      [*SMOKE, f"train.out_dir={tmp_path}", "distill.expert_weight=0.5"])
+                      [*SMOKE, f"train.out_dir={tmp_path}", "distill.expert_weight=0.5", "distill.expert_score=all"])
     info = train.dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
     tok = train.build_tokenizer(cfg, info)
     model = train.build_model(cfg, tok, info)
