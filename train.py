@@ -646,7 +646,10 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None, p
 
 
 def write_results(cfg, results: dict, info, rec: dict):
-    """results.md (the table) and results.json; rec: the run record (commands, commits, wall-clock)."""
+    """results.md (the table), results.json and, with matplotlib (the `plot` extra), results.png: accuracy
+    against TPF over the evaluated thresholds, one line per stage; rec: the run record (commands, commits,
+    wall-clock), also stored in the PNG's metadata."""
+    from d3mini.metrics import plot_acc_vs_tpf
     if not info.is_main:
         return
     md = results_table(results, cfg, wall=rec["wall_s"], command=rec["commands"][0], commits=rec["commits"],
@@ -655,7 +658,11 @@ def write_results(cfg, results: dict, info, rec: dict):
         f.write(md)
     with open(os.path.join(cfg.train.out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2, default=str)
-    print(md)
+    curves = {stage: [(r["tpf_denoise"], 100 * r["success"]) for r in rs]
+              for stage, rs in results.items()}
+    png = plot_acc_vs_tpf(curves, os.path.join(cfg.train.out_dir, "results.png"), metadata=rec,
+                          title=f"{cfg.env.name}: accuracy vs TPF per stage")
+    print(md + (f"plot: {png}\n" if png else ""))
 
 
 def main(argv=None):

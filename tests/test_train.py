@@ -1,4 +1,5 @@
 """Smoke run of the whole pipeline (tiny config, a few steps per stage), resume, and start-up errors."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,6 +46,8 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     assert all(x["expert_loss"] > 0 for x in dis if not x["skipped"])
     assert os.path.exists(out / "export" / "model.safetensors") and os.path.exists(out / "results.md")
     assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "config.yaml")
+    # the accuracy-vs-TPF plot of the stages, where matplotlib is installed (the plot extra)
+    assert os.path.exists(out / "results.png") == bool(importlib.util.find_spec("matplotlib"))
     meta = json.load(open(out / "run.json"))  # the code that ran and the run's wall-clock
     assert len(meta["commits"]) == 1 and meta["wall_s"] > 0 and f"commit {meta['commits'][0]}," in table[0]
     # eval.py on the last resumable checkpoint (not the export) reproduces the run's own evaluation, task by task
