@@ -386,7 +386,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.rl.steps, step, "rl", info)
-    dcfg = _decode(cfg, temperature=cfg.rl.temperature)
+    dcfg = rl_decode(cfg)
     ref = None
     if cfg.rl.kl != "none":  # explicit-KL baseline: a frozen copy of the policy at the start of RL
         import copy
@@ -415,6 +415,12 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
         maybe_save(cfg, model, opt, sch, "rl", step, cfg.rl.steps)
         crash_point("rl", step)
     bar.close()
+
+
+def rl_decode(cfg):
+    """The RL rollouts' decoding: sampled at rl.temperature, at rl.threshold (decode.threshold if unset)."""
+    tau = cfg.decode.threshold if cfg.rl.threshold is None else cfg.rl.threshold
+    return _decode(cfg, temperature=cfg.rl.temperature, threshold=tau)
 
 
 def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):

@@ -146,6 +146,8 @@ class RLConfig:
     mc_samples: int = 2             # mask draws per sample for ELBO estimators
     estimator: str = "auto"         # auto (family default) | ar | sdar_block | llada_mc | llada_coupled | mean_field
     temperature: float = 1.0        # rollout sampling temperature
+    threshold: Optional[float] = None  # rollout decode threshold; None = decode.threshold (TraceRL samples SDAR
+                                    # at a dynamic threshold 0.9: confident tokens commit in parallel, as in eval)
     p_mask_prompt: float = 0.15     # d1 one-step estimator: prompt masking rate
     seed: int = 0                   # mask-draw seed base
     mask_scheme: str = "auto"       # ELBO mask draws: auto (algo/estimator default) | stratified | coupled | sdmc
@@ -302,8 +304,10 @@ def _check_values(cfg: Config, src: str) -> None:
         bad("model.head_dim", "must be even (RoPE rotates halves)")
     if cfg.decode.steps_per_block > cfg.decode.block_size:
         bad("decode.steps_per_block", f"must be <= decode.block_size = {cfg.decode.block_size}")
-    if not 0.0 <= cfg.decode.threshold <= 1.0:
-        bad("decode.threshold", "must be in [0, 1]")
+    for key, tau in (("decode.threshold", cfg.decode.threshold), ("rl.threshold", cfg.rl.threshold),
+                     ("distill.threshold", cfg.distill.threshold)):
+        if tau is not None and not 0.0 <= tau <= 1.0:
+            bad(key, "must be in [0, 1]")
     for s in cfg.train.stages:
         if s not in ("sft", "rl", "distill"):
             raise ConfigError(f"{src}: train.stages: unknown stage {s!r} (sft | rl | distill)")

@@ -31,6 +31,8 @@ def test_yaml_and_cli_overrides(tmp_path):
     ("rl: {steps: 1.5}\n", r"rl\.steps: expected an integer"),
     ("rl: {algo: ppo9}\n", r"rl\.algo = 'ppo9': must be one of"),
     ("decode: {threshold: 1.5}\n", r"decode\.threshold"),
+    ("rl: {threshold: -0.1}\n", r"rl\.threshold = -0\.1: must be in \[0, 1\]"),
+    ("distill: {threshold: 2}\n", r"distill\.threshold = 2\.0: must be in \[0, 1\]"),
     ("model: {num_heads: 4, num_kv_heads: 3}\n", r"model\.num_kv_heads.*divide"),
     ("model: {mask_id: 2}\n", r"model\.mask_id"),
     ("train: {stages: [sft, pretrain]}\n", r"unknown stage 'pretrain'"),

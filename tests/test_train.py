@@ -323,3 +323,15 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
                             weight=cfg.sft.loss_weight, suffix=cfg.sft.suffix_masks)
     d = train.expert_replay(act, model, expert, info, 3)()
     assert float(d) == pytest.approx(0.5 * float(ref), rel=1e-6) and float(d) != pytest.approx(float(a))
+
+
+def test_rl_rollouts_decode_at_rl_threshold_else_decode_threshold():
+    """rl.threshold sets the RL rollouts' decode threshold; unset, they decode at decode.threshold."""
+    sys.path.insert(0, ROOT)
+    import train
+    from d3mini.config import load_config
+    base = load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.temperature=0.7"])
+    d = train.rl_decode(base)
+    assert base.rl.threshold is None and d.threshold == base.decode.threshold == 1.0 and d.temperature == 0.7
+    d = train.rl_decode(load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.threshold=0.9"]))
+    assert d.threshold == 0.9 and d.temperature == 1.0 and d.block_size == 8
