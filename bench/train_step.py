@@ -6,9 +6,9 @@ Builds the config's tokenizer, model and expert data the way train.py does (in a
 then times full SFT steps (loss, backward, AdamW) on the same batches in two phases of
 sft.block_schedule: one-token blocks (with ar_prompt_loss, the first phases) and the model's block size.
 Rows: eager fp32, eager under bf16 autocast, and with --compile the model under torch.compile(dynamic=True)
-(its first two steps reported apart). The ratio column is against eager fp32 in the same process; the
-GFLOP/s column is the matmuls' (aten::mm/addmm/bmm) achieved rate in one profiled eager fp32 step, to
-compare with the machine's matmul ceiling. --profile also prints the top ops of that step.
+(its first two steps reported apart). The ratio column is against eager fp32 in the same process. Before
+the table, one line per phase gives the matmuls' (aten::mm/addmm/bmm) achieved GFLOP/s in one profiled
+eager fp32 step, to compare with the machine's matmul ceiling; --profile also prints that step's top ops.
 """
 from __future__ import annotations
 
