@@ -155,6 +155,11 @@ class RLConfig:
     goals: str = "train"            # train (every train task) | unseen (train tasks the SFT stage did not use)
     score: str = "all"              # all | action: response tokens the policy gradient credits; action = from the
                                     # <action> tag on, the think text before it then clean context like the prompt
+    step_advantage: str = "none"    # none | mean | mean_std: GiGPO's step-level advantage added to the episode's,
+                                    # from discounted step returns compared within anchor-state groups (same task,
+                                    # same observation); mean_std divides by the group's std (reference/rl.md §6.5)
+    step_weight: float = 1.0        # w in A = A_episode + w * A_step
+    gamma: float = 0.95             # discount of the step returns
 
 
 @dataclass
@@ -256,6 +261,7 @@ _CHOICES = {
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
     "rl.score": ("all", "action"),
+    "rl.step_advantage": ("none", "mean", "mean_std"),
     "distill.expert_score": ("all", "action"),
     "train.dtype": ("float32", "bfloat16"),
 }
@@ -269,8 +275,8 @@ _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
-           "distill.expert_weight"]
-_UNIT = ["decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
+           "distill.expert_weight", "rl.step_weight"]
+_UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
 
 
 def _check_values(cfg: Config, src: str) -> None:

@@ -22,6 +22,9 @@ listed keep the RLConfig default, which is d3llm_v2's):
 Every sequence-level likelihood is length-normalised by the valid response length |y| (stop token
 included, padding excluded). `rl.score: action` (any algorithm) credits only the action: the think
 text before the <action> tag joins the prompt as clean context and y is the rest (`credited`).
+`rl.step_advantage: mean | mean_std` (any algorithm) adds GiGPO's step-level advantage (§6.5): the
+discounted returns of steps that acted on the same observation of the same task are compared, so a
+step is credited against the other actions taken in its state, not only by its episode's outcome.
 """
 from __future__ import annotations
 
@@ -495,6 +498,62 @@ def advantages(rewards, group_ids: list, mode: str = "grpo", eps: float = 1e-6):
     return adv.float(), zero / len(groups)
 
 
+def step_returns(samples, gamma: float) -> torch.Tensor:
+    """GiGPO step returns: G_t = sum_{k >= t} gamma^(k - t) r_k over each episode's own step rewards
+    (sample.env_reward; WebShop and ALFWorld pay only on the last step), in the order of `samples`."""
+    episodes = defaultdict(list)
+    for i, s in enumerate(samples):
+        episodes[s.episode_id].append(i)
+    g = torch.zeros(len(samples), dtype=torch.float64)
+    for idx in episodes.values():
+        run = 0.0
+        for i in sorted(idx, key=lambda i: samples[i].step, reverse=True):
+            run = float(samples[i].env_reward) + gamma * run
+            g[i] = run
+    return g
+
+
+def anchor_advantages(returns, keys: list, mode: str = "mean", eps: float = 1e-6) -> tuple:
+    """GiGPO step advantages: step samples with the same key (task group, anchor observation) form a
+    group; A_step = G - group mean (mode "mean") or / (unbiased std + eps) ("mean_std"). A singleton
+    group gets 0: no other step acted on that state. Returns (A_step [B], fraction of samples grouped)."""
+    if mode not in ("mean", "mean_std"):
+        raise ValueError(f"rl.step_advantage = {mode!r}: must be none | mean | mean_std")
+    g = torch.as_tensor(returns, dtype=torch.float64)
+    groups = defaultdict(list)
+    for i, k in enumerate(keys):
+        groups[k].append(i)
+    adv, grouped = torch.zeros_like(g), 0
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        grouped += len(idx)
+        x = g[idx]
+        adv[idx] = x - x.mean() if mode == "mean" else (x - x.mean()) / (x.std() + eps)
+    return adv, grouped / max(len(keys), 1)
+
+
+def sample_advantages(samples, cfg: RLConfig) -> tuple:
+    """Per step sample: (raw episode rewards, shaped rewards, advantages [B] float32, extra metrics).
+    The episode advantage is group-relative over the gated episode rewards (cfg.gating, cfg.advantage);
+    with cfg.step_advantage != "none" GiGPO's anchor-state step advantage of the gated step returns is
+    added with weight cfg.step_weight (the gate or penalty applies to a step's return as to its reward)."""
+    raw = [float(s.reward) for s in samples]
+    valid = [bool(s.valid) for s in samples]
+    r = gate_rewards(raw, valid, cfg.gating, cfg.penalty)
+    adv, zero_std = advantages(r, [s.group_id for s in samples], cfg.advantage)
+    extra = {"frac_reward_zero_std": zero_std}
+    if cfg.step_advantage != "none":
+        missing = [n for n in ("env_reward", "anchor") if not hasattr(samples[0], n)]
+        if missing:
+            raise ValueError(f"rl.step_advantage = {cfg.step_advantage!r} needs step samples with {missing}")
+        g = gate_rewards(step_returns(samples, cfg.gamma), valid, cfg.gating, cfg.penalty)
+        a_step, grouped = anchor_advantages(g, [(s.group_id, s.anchor) for s in samples], cfg.step_advantage)
+        adv = adv + cfg.step_weight * a_step.float()
+        extra.update({"adv/step_abs_mean": float(a_step.abs().mean()), "anchor/frac_grouped": grouped})
+    return raw, r, adv.float(), extra
+
+
 # ----------------------------------------------------------------------------- losses
 def kl_penalty(d, kind: str):
     """Schulman's KL(cur || ref) estimators from d = logp_cur - logp_ref (rl.md §3.5); k3 capped at 10 as verl."""
@@ -640,10 +699,8 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
     clip_fn = clip_fn or (lambda ps, mx: float(torch.nn.utils.clip_grad_norm_(ps, mx)))
     T, t0 = {}, time.perf_counter()
     dev = next(model.parameters()).device
-    raw = [float(s.reward) for s in samples]
+    raw, r, adv, extra = sample_advantages(samples, cfg)
     valid = [bool(s.valid) for s in samples]
-    r = gate_rewards(raw, valid, cfg.gating, cfg.penalty)
-    adv, zero_std = advantages(r, [s.group_id for s in samples], cfg.advantage)
     adv = adv.to(dev)
     moved = credited(samples, cfg.score)
     batch = batch_tokens([list(s.prompt_ids) + list(s.response_ids[:c]) for s, c in zip(samples, moved)],
@@ -703,10 +760,10 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
             log["grad_norm"].append(clip_fn(params, grad_clip if grad_clip else float("inf")))
             optimizer.step()
     T["update"] = time.perf_counter() - t
-    return _metrics(samples, raw, r, valid, adv, zero_std, batch, log, noise0, old, D, cfg, T, fwd, rollout_metrics)
+    return _metrics(samples, raw, r, valid, adv, extra, batch, log, noise0, old, D, cfg, T, fwd, rollout_metrics)
 
 
-def _metrics(samples, raw, r, valid, adv, zero_std, batch, log, noise0, old, D, cfg, T, fwd, rollout) -> dict:
+def _metrics(samples, raw, r, valid, adv, extra, batch, log, noise0, old, D, cfg, T, fwd, rollout) -> dict:
     """The §7.4 diagnostic set as plain floats."""
     ratio = torch.cat(log["ratio"]).double()
     q = torch.quantile(ratio, torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist()
@@ -716,7 +773,7 @@ def _metrics(samples, raw, r, valid, adv, zero_std, batch, log, noise0, old, D, 
     m = {
         "reward/mean": float(torch.tensor(raw).mean()), "reward/std": float(torch.tensor(raw).std(unbiased=False)),
         "reward/shaped_mean": float(r.mean()), "success": sum(episodes.values()) / len(episodes),
-        "valid_ratio": sum(valid) / len(valid), "frac_reward_zero_std": zero_std,
+        "valid_ratio": sum(valid) / len(valid), **extra,
         "adv/mean": float(adv.mean()), "adv/abs_max": float(adv.abs().max()),
         "clip/low": float((ratio < 1 - cfg.clip_low).double().mean()),
         "clip/high": float((ratio > 1 + cfg.clip_high).double().mean()),

@@ -40,6 +40,8 @@ class StepSample:
     score: float = 0.0          # the episode's raw score
     text: str = ""              # decoded response text (for dumps)
     think_len: int = 0          # response tokens before the one that opens <action> (all of them without it)
+    anchor: str = ""            # the observation the step acted on (GiGPO's anchor state)
+    env_reward: float = 0.0     # the environment's reward for this step alone
 
 
 @dataclass
@@ -136,7 +138,7 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             e.samples.append(StepSample(prompt_ids=p, response_ids=list(ids), trace=tr, confidence=conf,
                                         action=action, valid=valid, reward=0.0, group_id=e.group_id,
                                         episode_id=e.episode_id, step=step, text=text,
-                                        think_len=action_start(tokenizer, ids)))
+                                        think_len=action_start(tokenizer, ids), anchor=e.obs))
             e.n_valid += int(valid)
             e.tokens += len(ids)
             e.nfe_denoise += nd
@@ -147,6 +149,7 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             except EnvError as err:
                 e.failed, e.done = f"step {step}: {err}", True
                 continue
+            e.samples[-1].env_reward = float(reward)
             e.history.append((e.obs, action))
             e.obs, e.admissible = obs, info.get("admissible_actions")
             e.won, e.score = bool(info.get("won", False)), float(info.get("score", 0.0))

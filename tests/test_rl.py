@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from estimators import Toy, estimates, toy_model  # noqa: E402
 
 from d3mini import rl  # noqa: E402
-from d3mini.config import ModelConfig  # noqa: E402
+from d3mini.config import ModelConfig, RLConfig  # noqa: E402
 from d3mini.model import DiffusionLM  # noqa: E402
 
 torch.set_num_threads(2)
@@ -32,6 +32,8 @@ class StepSample:  # the fields rl_step reads (DESIGN.md §3)
     action: str = ""
     trace: list = field(default_factory=list)
     think_len: int = 0
+    anchor: str = ""
+    env_reward: float = 0.0
 
 
 def tiny(family="sdar", seed=0, block=4):
@@ -299,6 +301,54 @@ def test_group_advantages_by_hand():
     assert rl.advantages(r, g, "loo")[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.5, 0, 0])
 
 
+def test_step_returns_by_hand():
+    # episode 7: rewards 0, 0, 10 (listed out of step order); episode 3: a single step paying 1
+    ss = [StepSample([1], [2], 10.0, episode_id=7, step=2, env_reward=10.0),
+          StepSample([1], [2], 10.0, episode_id=7, step=0),
+          StepSample([1], [2], 1.0, episode_id=3, step=0, env_reward=1.0),
+          StepSample([1], [2], 10.0, episode_id=7, step=1)]
+    assert rl.step_returns(ss, 0.5).tolist() == [10.0, 2.5, 1.0, 5.0]
+    assert rl.step_returns(ss, 1.0).tolist() == [10.0, 10.0, 1.0, 10.0]
+
+
+def test_anchor_advantages_by_hand():
+    g = [1.0, 3.0, 0.0, 4.0, 2.0]
+    keys = [(0, "a"), (0, "a"), (0, "b"), (1, "a"), (0, "a")]  # (1, "a") is another task: its own group
+    a, frac = rl.anchor_advantages(g, keys, "mean")
+    assert a.tolist() == pytest.approx([-1.0, 1.0, 0.0, 0.0, 0.0]) and frac == pytest.approx(3 / 5)
+    a, _ = rl.anchor_advantages(g, keys, "mean_std")  # std of [1, 3, 2] = 1
+    assert a.tolist() == pytest.approx([-1.0, 1.0, 0.0, 0.0, 0.0], rel=1e-5)
+    with pytest.raises(ValueError, match="step_advantage"):
+        rl.anchor_advantages(g, keys, "gigpo")
+
+
+def test_step_advantage_adds_gated_anchor_term_by_hand():
+    """Task 0, two episodes. Episode 0: search, an invalid click on the results page, a valid click that
+    wins (env reward 10 at its last step). Episode 1: search, a valid click on the same page, lost."""
+    ss = [StepSample([1], [2], 10.0, episode_id=0, step=0, anchor="search"),
+          StepSample([1], [2], 10.0, episode_id=0, step=1, anchor="results", valid=False),
+          StepSample([1], [2], 10.0, episode_id=0, step=2, anchor="results", env_reward=10.0),
+          StepSample([1], [2], 0.0, episode_id=1, step=0, anchor="search"),
+          StepSample([1], [2], 0.0, episode_id=1, step=1, anchor="results")]
+    cfg = RLConfig(advantage="mean", gating="gate")
+    _, r, a0, m0 = rl.sample_advantages(ss, cfg)
+    assert r.tolist() == [10.0, 0.0, 10.0, 0.0, 0.0]
+    assert a0.tolist() == pytest.approx([6.0, -4.0, 6.0, -4.0, -4.0]) and "adv/step_abs_mean" not in m0
+    # gated step returns (gamma 0.5): 2.5, 0 (invalid: gated), 10, 0, 0. Anchor groups: "search" {2.5, 0},
+    # "results" {0, 10, 0}; A_step = G - group mean; weight 0.5.
+    cfg = RLConfig(advantage="mean", gating="gate", step_advantage="mean", gamma=0.5, step_weight=0.5)
+    _, _, a, m = rl.sample_advantages(ss, cfg)
+    step = [1.25, -10 / 3, 20 / 3, -1.25, -10 / 3]
+    assert a.tolist() == pytest.approx([x + 0.5 * y for x, y in zip(a0.tolist(), step)], rel=1e-6)
+    assert m["anchor/frac_grouped"] == 1.0 and m["adv/step_abs_mean"] == pytest.approx(sum(map(abs, step)) / 5)
+    # penalty mode: the invalid step's return is 5 - 0.1 instead of 0
+    cfg = RLConfig(advantage="mean", gating="penalty", step_advantage="mean", gamma=0.5, step_weight=1.0)
+    _, _, a, _ = rl.sample_advantages(ss, cfg)
+    _, _, ap, _ = rl.sample_advantages(ss, RLConfig(advantage="mean", gating="penalty"))
+    m = (4.9 + 10.0 + 0.0) / 3
+    assert (a - ap).tolist() == pytest.approx([1.25, 4.9 - m, 10.0 - m, -1.25, -m], rel=1e-6)
+
+
 # ----------------------------------------------------------------------------- losses by hand
 def _est(tok, draw, ent):
     tok = torch.tensor(tok)
@@ -401,6 +451,23 @@ def test_zero_advantage_zero_gradient(algo):
     m = rl.rl_step(model, torch.optim.Adam(model.parameters(), lr=1e-2), samples, cfg)
     assert m["grad_norm_max"] == 0.0 and m["frac_reward_zero_std"] == 1.0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_step_advantage_reaches_the_update():
+    """Every episode won (zero episode advantage), but one reached the goal a step later: only GiGPO's
+    step term, comparing the two steps taken on the same first observation, moves the weights."""
+    samples = [StepSample([5, 6, 7], [8, 2], 10.0, episode_id=0, step=0, anchor="s", env_reward=10.0),
+               StepSample([5, 6, 7], [9, 9, 2], 10.0, episode_id=1, step=0, anchor="s"),
+               StepSample([5, 6, 7, 4], [10, 2], 10.0, episode_id=1, step=1, anchor="t", env_reward=10.0)]
+    norms = {}
+    for mode in ("none", "mean_std"):
+        cfg = rl.rl_config("d3llm_v2", step_advantage=mode, **FAST)
+        model = tiny("sdar")
+        m = rl.rl_step(model, torch.optim.SGD(model.parameters(), lr=1.0), samples, cfg)
+        norms[mode] = m["grad_norm_max"]
+        assert m["frac_reward_zero_std"] == 1.0
+    assert norms["none"] == 0.0 and norms["mean_std"] > 0.0
+    assert m["anchor/frac_grouped"] == pytest.approx(2 / 3) and m["adv/step_abs_mean"] > 0
 
 
 def test_old_and_current_share_draws_ratio_exactly_one():

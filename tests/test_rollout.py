@@ -38,6 +38,15 @@ def test_expert_rollout_records_samples(setup):
     assert {s.group_id for s in samples} == {0, 1, 2}
     for s in samples:  # every step sample carries its episode's reward
         assert s.reward == (10.0 if s.won else 0.0)
+    for e in m["episodes"]:  # the step rewards sum to the episode's; each anchor is the observation acted on
+        mine = sorted((s for s in samples if s.episode_id == e["episode_id"]), key=lambda s: s.step)
+        assert sum(s.env_reward for s in mine) == mine[0].reward
+        env = make_env(cfg.env)
+        obs, _ = env.reset(task_id=e["task_id"], seed=e["group_id"])
+        for s in mine:
+            assert s.anchor == obs
+            obs, reward, _, _ = env.step(s.action)
+            assert s.env_reward == reward
 
 
 def test_batched_equals_one_by_one(setup):
