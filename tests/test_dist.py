@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dist_worker as w  # noqa: E402
+from _launch import torchrun  # noqa: E402
 
 from d3mini import dist  # noqa: E402
 from d3mini.config import TrainConfig  # noqa: E402
@@ -57,7 +58,8 @@ def one_proc():
 @pytest.fixture(scope="module")
 def two_proc(tmp_path_factory):
     out = tmp_path_factory.mktemp("two_proc")
-    _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER, "parity", str(out)])
+    r = torchrun(["--nproc_per_node", "2", WORKER, "parity", str(out)], env=_env(), out=None, timeout=300)
+    assert r.returncode == 0, f"rc {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return str(out)
 
 

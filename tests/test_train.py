@@ -7,6 +7,9 @@ import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import torchrun  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2", "model.head_dim=16",
          "model.vocab_size=320", "sft.episodes=12", "sft.steps=3", "sft.ar_warmup=1", "sft.batch_size=4",
@@ -164,10 +167,9 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "configs/tiny.yaml"),
-                        f"train.out_dir={two}", *SMOKE, *args],
-                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    r = torchrun(["--nproc_per_node", "2", os.path.join(ROOT, "train.py"), "--config",
+                  os.path.join(ROOT, "configs/tiny.yaml"), f"train.out_dir={two}", *SMOKE, *args],
+                 env=env, out=two, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "world 2" in r.stdout
     ra, rb = _records(one), _records(two)
