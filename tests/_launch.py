@@ -15,11 +15,10 @@ GLOO_START_ABORT = "terminate called without an active exception"
 def torchrun(args, env, out=None, timeout=600, cwd=None):
     """`python -m torch.distributed.run --standalone ARGS`; returns the CompletedProcess."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *args]
-    for attempt in range(2):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-        if r.returncode == 0 or GLOO_START_ABORT not in r.stderr or attempt == 1:
-            return r
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if r.returncode != 0 and GLOO_START_ABORT in r.stderr:
         print(f"gloo start-up abort, retrying once:\n{r.stderr[-1500:]}", file=sys.stderr)
         if out is not None:
             shutil.rmtree(out, ignore_errors=True)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     return r

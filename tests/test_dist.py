@@ -32,10 +32,14 @@ def _env():
     return env
 
 
-def _run(args, expect_rc=0):
-    r = subprocess.run([sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=300)
+def _check(r, expect_rc=0):
     assert r.returncode == expect_rc, f"rc {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r
+
+
+def _run(args, expect_rc=0):
+    return _check(subprocess.run([sys.executable, *args], env=_env(), capture_output=True, text=True,
+                                 timeout=300), expect_rc)
 
 
 def _read(out, name):
@@ -58,8 +62,7 @@ def one_proc():
 @pytest.fixture(scope="module")
 def two_proc(tmp_path_factory):
     out = tmp_path_factory.mktemp("two_proc")
-    r = torchrun(["--nproc_per_node", "2", WORKER, "parity", str(out)], env=_env(), out=None, timeout=300)
-    assert r.returncode == 0, f"rc {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    _check(torchrun(["--nproc_per_node", "2", WORKER, "parity", str(out)], env=_env(), timeout=300))
     return str(out)
 
 
