@@ -144,7 +144,8 @@ class RLConfig:
     entropy_floor: float = 0.0      # 0 = off; else penalise mean entropy below this (nats)
     entropy_coef: float = 0.0       # weight of the entropy-floor penalty
     mc_samples: int = 2             # mask draws per sample for ELBO estimators
-    estimator: str = "auto"         # auto (family default) | ar | sdar_block | llada_mc | llada_coupled | mean_field
+    estimator: str = "auto"         # auto (family default) | ar | sdar_block | sdar_trace | llada_mc | llada_coupled
+                                    # | mean_field; sdar_trace = each token scored where the rollout committed it
     temperature: float = 1.0        # rollout sampling temperature
     threshold: Optional[float] = None  # rollout decode threshold; None = decode.threshold (TraceRL samples SDAR
                                     # at a dynamic threshold 0.9: confident tokens commit in parallel, as in eval)
@@ -257,7 +258,7 @@ _CHOICES = {
     "rl.kl": ("none", "k2", "k3"),
     "rl.goals": ("train", "unseen"),
     "distill.goals": ("train", "unseen"),
-    "rl.estimator": ("auto", "ar", "sdar_block", "llada_mc", "llada_coupled", "mean_field"),
+    "rl.estimator": ("auto", "ar", "sdar_block", "sdar_trace", "llada_mc", "llada_coupled", "mean_field"),
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
     "rl.score": ("all", "action"),

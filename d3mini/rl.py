@@ -55,9 +55,10 @@ ALGO_DEFAULTS = {
                  kl_coef=0.01, estimator="ar", epochs=1, lr=1e-6),
 }
 FAMILY_ESTIMATOR = {"sdar": "sdar_block", "llada": "llada_mc", "qwen3": "ar"}
-_SCORING = {"ar": "ar", "sdar_block": "bd", "llada_mc": "canvas", "llada_coupled": "canvas", "mean_field": "canvas"}
-_FITS = {"ar": ("qwen3",), "sdar_block": ("sdar",), "llada_mc": ("llada",), "llada_coupled": ("llada",),
-         "mean_field": ("sdar", "llada")}
+_SCORING = {"ar": "ar", "sdar_block": "bd", "sdar_trace": "bd", "llada_mc": "canvas", "llada_coupled": "canvas",
+            "mean_field": "canvas"}
+_FITS = {"ar": ("qwen3",), "sdar_block": ("sdar",), "sdar_trace": ("sdar",), "llada_mc": ("llada",),
+         "llada_coupled": ("llada",), "mean_field": ("sdar", "llada")}
 SCHEMES = ("stratified", "coupled", "sdmc")
 SDAR_EPS = 1e-3  # p_mask = (1 - eps) t + eps (SDAR modeling_sdar.py, LLaDA GUIDELINES.md)
 
@@ -391,6 +392,47 @@ def draw_masks(batch: Batch, scheme: str, n_draws: int, keys: list, p_mask_promp
     return MaskDraws(masked.to(dev), weight.to(dev))
 
 
+def trace_masks(batch: Batch, traces: list, block_size: int) -> MaskDraws:
+    """The policy's own decode trajectory as mask copies (TraceRL, block attention; rl.md §4.9).
+    traces[i][j] = the denoising forward that committed response token j. Blocks are aligned at
+    absolute position 0, as in decode.py. In each block the distinct trace values, in order, are that
+    block's steps 0, 1, ...; copy d masks every response token of step >= d in its block and scores
+    those of step d. Blocks do not see each other's noisy copy, so one copy serves all blocks, and
+    D = the most steps any block took. Each token is scored once, with weight D, so the mean over
+    copies (Est.tok) is exactly log p(y_j | the canvas it was committed from): the decoder's own
+    log-probability of its commit at temperature 1 (not the draw of which positions commit). The last
+    block can differ from the decode only in the tokens the decoder wrote after the stop id, which the
+    sample does not keep: seq_logp shows them as masks, which is what the decoder saw unless it
+    committed one of them before a response token of that block (never at tau 1 with order left)."""
+    B, n = batch.ids.shape
+    steps = []  # per sample: [L] step index of each response token within its block
+    for i in range(B):
+        P, L = int(batch.prompt_len[i]), int(batch.resp_len[i])
+        tr = list(traces[i]) if traces[i] is not None else []
+        if len(tr) != L:
+            raise ValueError(f"sample {i}: decode trace of {len(tr)} entries for a response of {L} tokens "
+                             "(expert samples have no trace; the sdar_trace estimator needs decoded ones)")
+        rank, blocks = [0] * L, defaultdict(list)
+        for j in range(L):
+            blocks[(P + j) // block_size].append(j)
+        for js in blocks.values():
+            order = {v: r for r, v in enumerate(sorted({tr[j] for j in js}))}
+            for j in js:
+                rank[j] = order[tr[j]]
+        steps.append(rank)
+    D = max((max(r) + 1 for r in steps if r), default=1)
+    masked = torch.zeros(B, D, n, dtype=torch.bool)
+    weight = torch.zeros(B, D, n)
+    d = torch.arange(D)[:, None]
+    for i, rank in enumerate(steps):
+        P, L = int(batch.prompt_len[i]), len(rank)
+        r = torch.tensor(rank, dtype=torch.long)[None]  # [1, L]
+        masked[i, :, P:P + L] = r >= d
+        weight[i, :, P:P + L] = (r == d).float() * D
+    dev = batch.ids.device
+    return MaskDraws(masked.to(dev), weight.to(dev))
+
+
 # ----------------------------------------------------------------------------- estimates
 @dataclass
 class Est:
@@ -422,7 +464,17 @@ def seq_logp(model, batch: Batch, estimator: str, draws: MaskDraws, entropy=True
     if model.cfg.family not in _FITS[estimator]:
         raise ValueError(f"rl.estimator = {estimator!r} does not fit model.family = {model.cfg.family!r}")
     canvas = torch.where(draws.masked, model.cfg.mask_id, batch.ids[:, None])  # [B, D, n]
-    if _SCORING[estimator] == "bd":  # the D noisy copies share one pass over the clean sequence
+    if estimator == "sdar_trace":  # the decoder saw its last block whole, the tokens after the response as masks
+        K = model.cfg.block_size
+        ends = -(-batch.lengths // K) * K  # [B]
+        w = max(n, int(ends.max()))
+        pos = torch.arange(w, device=canvas.device)
+        tail = (pos >= batch.lengths[:, None]) & (pos < ends[:, None])  # [B, w]
+        canvas = F.pad(canvas, (0, w - n), value=model.cfg.pad_id).masked_fill(tail[:, None], model.cfg.mask_id)
+        lp, ent = score(model, F.pad(batch.ids, (0, w - n), value=model.cfg.pad_id), canvas, ends, "bd",
+                        batch.prompt_len, entropy)
+        lp, ent = lp[..., :n], None if ent is None else ent[..., :n]
+    elif _SCORING[estimator] == "bd":  # the D noisy copies share one pass over the clean sequence
         lp, ent = score(model, batch.ids, canvas, batch.lengths, "bd", batch.prompt_len, entropy)
     else:
         lp, ent = score(model, batch.ids.repeat_interleave(D, 0), canvas.reshape(B * D, n),
@@ -438,6 +490,13 @@ def seq_logp(model, batch: Batch, estimator: str, draws: MaskDraws, entropy=True
 def resolve_estimator(cfg: RLConfig, family: str):
     """(estimator, mask scheme, MC draws) for this algorithm and model family."""
     est = cfg.estimator
+    if est == "sdar_trace":
+        if family not in _FITS[est]:
+            raise ValueError(f"rl.estimator = 'sdar_trace' needs an SDAR model (block attention), not {family!r}")
+        if cfg.mask_scheme not in ("auto", "trace"):
+            raise ValueError(f"rl.mask_scheme = {cfg.mask_scheme!r}: the sdar_trace estimator takes its masks "
+                             "from the decode trace (set auto)")
+        return est, "trace", 0  # copies: the most denoising steps any block took (trace_masks)
     if est == "auto":
         est = {"grpo": "ar", "d1": "mean_field"}.get(cfg.algo, FAMILY_ESTIMATOR[family])
         est = "llada_coupled" if est == "llada_mc" and cfg.algo == "espo" else est
@@ -710,7 +769,14 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
         raise ValueError(f"old_logp from the rollout is only usable with the ar estimator, not {est!r}")
     keys = [(cfg.seed, step, s.episode_id, s.step) for s in samples]
     plan = _plan(len(samples), cfg, step, rank, world, batch.lengths.tolist())
-    draws = [draw_masks(batch, scheme, D, [k + (j,) for k in keys], cfg.p_mask_prompt) for j in range(cfg.epochs)]
+    if scheme == "trace":  # the same, deterministic copies in every epoch
+        if any(moved):
+            raise ValueError("rl.estimator = 'sdar_trace' scores the whole decoded response: set rl.score = all")
+        draws = [trace_masks(batch, [s.trace for s in samples], model.cfg.block_size)] * cfg.epochs
+        D = draws[0].masked.shape[1]
+    else:
+        draws = [draw_masks(batch, scheme, D, [k + (j,) for k in keys], cfg.p_mask_prompt)
+                 for j in range(cfg.epochs)]
     parts = [(j, mi) for j, mbs in enumerate(plan) for _, micros in mbs for mi in micros]
 
     def micro(j, mi):
@@ -779,7 +845,8 @@ def _metrics(samples, raw, r, valid, adv, extra, batch, log, noise0, old, D, cfg
         "clip/high": float((ratio > 1 + cfg.clip_high).double().mean()),
         "ratio/p1": q[0], "ratio/p50": q[1], "ratio/p99": q[2], "ratio/max": float(ratio.max()),
         "noise0": noise0,  # max |log ratio| at the first inner step (0 up to float error)
-        "est/draw_std": float(draws.std(1).mean()) if draws is not None and draws.shape[1] > 1 else 0.0,
+        "est/draw_std": float(draws.std(1).mean())  # (trace copies are parts of one exact sum, not draws)
+        if draws is not None and draws.shape[1] > 1 and cfg.estimator != "sdar_trace" else 0.0,
         "logp_per_token": float(torch.cat(log["logp"]).mean()),
         "entropy": float(torch.cat(log["entropy"]).mean()), "loss": sum(log["loss"]) / len(log["grad_norm"]),
         "grad_norm": sum(log["grad_norm"]) / len(log["grad_norm"]), "grad_norm_max": max(log["grad_norm"]),

@@ -584,3 +584,87 @@ def test_bd_per_row_start_scores_each_row_as_if_alone():
                 assert torch.allclose(lp[r, ..., :L], one[0], atol=1e-5)
                 assert torch.allclose(ent[r, ..., :L], e1[0], atol=1e-5)
                 assert (lp[r, ..., :P] == 0).all() and (lp[r, ..., P:L] != 0).all()
+
+
+# ----------------------------------------------------------------------------- the trace estimator
+@pytest.mark.parametrize("tau, order, lengths, new", [
+    (0.6, "confidence", (5, 9, 1, 13), 11),  # parallel commits; every last block ends with the response
+    (0.3, "left", (5, 9, 1, 13), 11),
+    (1.0, "left", (5, 8, 3, 6), 12),         # one token a forward: the rest of the last block is masks
+])
+def test_trace_estimator_is_the_decoders_own_logp(tau, order, lengths, new):
+    """sdar_trace scores each token in the canvas the decoder committed it from: at temperature 1 its
+    per-token terms equal log(confidence at commit) from generate(), prompts of ragged lengths whose
+    first response block is shared with the prompt, parallel commits included."""
+    from d3mini.config import DecodeConfig
+    from d3mini.decode import generate
+    model = tiny(block=4, seed=3)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)  # peaked predictions: some tokens commit in parallel
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 16, (n,), generator=g).tolist() for n in lengths]
+    res = generate(model, prompts, DecodeConfig(block_size=4, threshold=tau, order=order, temperature=1.0,
+                                                max_new_tokens=new, stop_ids=[], seed=1))
+    if tau < 1.0:
+        assert any(len(set(t)) < len(t) for t in res.trace)  # some forward committed several tokens
+    batch = rl.batch_tokens(prompts, res.tokens, pad_id=0)
+    draws = rl.trace_masks(batch, res.trace, block_size=4)
+    assert ((draws.weight > 0).sum(1) == batch.resp).all()  # every response token scored exactly once
+    with torch.no_grad():
+        est = rl.seq_logp(model, batch, "sdar_trace", draws, entropy=False)
+    for i, conf in enumerate(res.confidence):
+        P = len(prompts[i])
+        got = est.tok[i, P:P + len(conf)]
+        torch.testing.assert_close(got, torch.tensor(conf).log(), atol=1e-4, rtol=1e-4)
+        assert float(est.seq[i]) == pytest.approx(float(torch.tensor(conf).log().mean()), abs=1e-4)
+
+
+def test_trace_estimator_copies_and_errors():
+    b = rl.batch_tokens([[5, 6, 7], [5]], [[8, 9, 10, 11, 12], [8, 9]], pad_id=0)
+    # sample 0: positions 3..7, block 4 -> block 0 holds position 3 (step 0), block 1 positions 4..7
+    dr = rl.trace_masks(b, [[0, 1, 2, 3, 1], [4, 4]], block_size=4)  # block 1 steps: 1 -> 0, 2 -> 1, 3 -> 2
+    assert dr.masked.shape == (2, 3, 8)
+    assert dr.masked[0, :, 3:8].int().tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 0, 0, 1, 0]]
+    assert dr.weight[0, :, 3:8].tolist() == [[3, 3, 0, 0, 3], [0, 0, 3, 0, 0], [0, 0, 0, 3, 0]]
+    assert dr.masked[1, :, 1:3].int().tolist() == [[1, 1], [0, 0], [0, 0]]
+    with pytest.raises(ValueError, match="decode trace of 1 entries"):
+        rl.trace_masks(b, [[0, 1, 2, 3, 1], [4]], block_size=4)
+    with pytest.raises(ValueError, match="needs an SDAR model"):
+        rl.resolve_estimator(RLConfig(estimator="sdar_trace"), "llada")
+    with pytest.raises(ValueError, match="from the decode trace"):
+        rl.resolve_estimator(RLConfig(estimator="sdar_trace", mask_scheme="stratified"), "sdar")
+
+
+def test_rl_step_with_the_trace_estimator():
+    """A d3llm_v2 update scored on the rollout's trace: old and current agree before the update (noise0 0),
+    the rewarded response gains log-likelihood, micro-batching leaves the update unchanged, and samples
+    without a trace (expert ones) or with the think text credited apart are refused."""
+    samples = group()
+    for s, tr in zip(samples, ([0, 1, 2], [0, 0, 1], [1, 1, 1], [0, 1, 1])):  # block 1 (positions 4, 5): 2 steps at most
+        s.trace = tr
+    deltas = []
+    for micro in (1, 4):
+        model = tiny("sdar")
+        cfg = rl.rl_config("d3llm_v2", estimator="sdar_trace", epochs=1, minibatch=4, micro_batch=micro)
+        prompts, resps = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
+        b = rl.batch_tokens(prompts, resps, 0)
+        dr = rl.trace_masks(b, [s.trace for s in samples], model.cfg.block_size)
+        with torch.no_grad():
+            before = rl.seq_logp(model, b, "sdar_trace", dr).seq
+        params0 = [p.detach().clone() for p in model.parameters()]
+        m = rl.rl_step(model, torch.optim.SGD(model.parameters(), lr=0.5), samples, cfg, grad_clip=0.0)
+        with torch.no_grad():
+            after = rl.seq_logp(model, b, "sdar_trace", dr).seq
+        assert m["noise0"] < 1e-5 and m["mc_draws"] == 2 and m["est/draw_std"] == 0.0
+        assert after[0] - before[0] > 0.01 and (after[1:] - before[1:]).max() < after[0] - before[0]
+        deltas.append(torch.cat([(a - p.detach()).flatten() for a, p in zip(params0, model.parameters())]))
+    assert torch.allclose(deltas[0], deltas[1], atol=1e-6, rtol=1e-4)
+    samples[1].trace = None
+    with pytest.raises(ValueError, match="expert samples have no trace"):
+        rl.rl_step(tiny("sdar"), torch.optim.SGD(tiny("sdar").parameters(), lr=0.1), samples, cfg)
+    samples[1].trace = [0, 0, 1]
+    for s in samples:
+        s.think_len = 1
+    with pytest.raises(ValueError, match="set rl.score = all"):
+        rl.rl_step(tiny("sdar"), torch.optim.SGD(tiny("sdar").parameters(), lr=0.1), samples,
+                   rl.rl_config("d3llm_v2", estimator="sdar_trace", score="action"))
