@@ -152,6 +152,9 @@ class RLConfig:
     p_mask_prompt: float = 0.15     # d1 one-step estimator: prompt masking rate
     seed: int = 0                   # mask-draw seed base
     mask_scheme: str = "auto"       # ELBO mask draws: auto (algo/estimator default) | stratified | coupled | sdmc
+    trace_shrink: int = 1           # sdar_trace: merge every s consecutive steps of a block into one copy (TraceRL's
+                                    # shrink; 1 = exact, s > 1 = ~s x fewer copies, later tokens of a merged step
+                                    # scored with less context than the decoder had)
     dual_clip: float = 3.0          # verl dual-clip bound c for A < 0 (grpo, bgpo); 0 = off
     goals: str = "train"            # train (every train task) | unseen (train tasks the SFT stage did not use)
     score: str = "all"              # all | action: response tokens the policy gradient credits; action = from the
@@ -270,7 +273,7 @@ _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size",
              "model.num_heads", "model.num_kv_heads", "model.head_dim", "model.block_size",
              "model.rope_theta", "model.rms_norm_eps", "decode.block_size", "decode.max_new_tokens",
              "env.max_steps", "sft.batch_size", "sft.mask_copies", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
-             "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "distill.batch_size", "distill.micro_batch",
+             "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "rl.trace_shrink", "distill.batch_size", "distill.micro_batch",
              "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s"]
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",

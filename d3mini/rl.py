@@ -22,6 +22,10 @@ listed keep the RLConfig default, which is d3llm_v2's):
 Every sequence-level likelihood is length-normalised by the valid response length |y| (stop token
 included, padding excluded). `rl.score: action` (any algorithm) credits only the action: the think
 text before the <action> tag joins the prompt as clean context and y is the rest (`credited`).
+`rl.estimator: sdar_trace` (any algorithm, SDAR) replaces the random mask draws with the rollout's own
+decode trace (TraceRL, rl.md §4.9; `trace_masks`): each token is scored in the canvas it was committed
+from, so the estimate is the decoder's exact log-probability, parallel commits included, at the cost of
+one noisy copy per denoising step of the longest block instead of rl.mc_samples.
 `rl.step_advantage: mean | mean_std` (any algorithm) adds GiGPO's step-level advantage (§6.5): the
 discounted returns of steps that acted on the same observation of the same task are compared, so a
 step is credited against the other actions taken in its state, not only by its episode's outcome.
@@ -392,7 +396,7 @@ def draw_masks(batch: Batch, scheme: str, n_draws: int, keys: list, p_mask_promp
     return MaskDraws(masked.to(dev), weight.to(dev))
 
 
-def trace_masks(batch: Batch, traces: list, block_size: int) -> MaskDraws:
+def trace_masks(batch: Batch, traces: list, block_size: int, shrink: int = 1) -> MaskDraws:
     """The policy's own decode trajectory as mask copies (TraceRL, block attention; rl.md §4.9).
     traces[i][j] = the denoising forward that committed response token j. Blocks are aligned at
     absolute position 0, as in decode.py. In each block the distinct trace values, in order, are that
@@ -403,7 +407,11 @@ def trace_masks(batch: Batch, traces: list, block_size: int) -> MaskDraws:
     log-probability of its commit at temperature 1 (not the draw of which positions commit). The last
     block can differ from the decode only in the tokens the decoder wrote after the stop id, which the
     sample does not keep: seq_logp shows them as masks, which is what the decoder saw unless it
-    committed one of them before a response token of that block (never at tau 1 with order left)."""
+    committed one of them before a response token of that block (never at tau 1 with order left).
+    shrink s > 1 merges steps s*g .. s*g + s - 1 into copy g (TraceRL's shrink): ~s x fewer copies, and
+    a merged step's later tokens are scored with less context than the decoder had (no longer exact)."""
+    if shrink < 1:
+        raise ValueError(f"rl.trace_shrink = {shrink} must be >= 1")
     B, n = batch.ids.shape
     steps = []  # per sample: [L] step index of each response token within its block
     for i in range(B):
@@ -416,7 +424,7 @@ def trace_masks(batch: Batch, traces: list, block_size: int) -> MaskDraws:
         for j in range(L):
             blocks[(P + j) // block_size].append(j)
         for js in blocks.values():
-            order = {v: r for r, v in enumerate(sorted({tr[j] for j in js}))}
+            order = {v: r // shrink for r, v in enumerate(sorted({tr[j] for j in js}))}
             for j in js:
                 rank[j] = order[tr[j]]
         steps.append(rank)
@@ -772,7 +780,7 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
     if scheme == "trace":  # the same, deterministic copies in every epoch
         if any(moved):
             raise ValueError("rl.estimator = 'sdar_trace' scores the whole decoded response: set rl.score = all")
-        draws = [trace_masks(batch, [s.trace for s in samples], model.cfg.block_size)] * cfg.epochs
+        draws = [trace_masks(batch, [s.trace for s in samples], model.cfg.block_size, cfg.trace_shrink)] * cfg.epochs
         D = draws[0].masked.shape[1]
     else:
         draws = [draw_masks(batch, scheme, D, [k + (j,) for k in keys], cfg.p_mask_prompt)

@@ -627,6 +627,11 @@ def test_trace_estimator_copies_and_errors():
     assert dr.masked[0, :, 3:8].int().tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 0, 0, 1, 0]]
     assert dr.weight[0, :, 3:8].tolist() == [[3, 3, 0, 0, 3], [0, 0, 3, 0, 0], [0, 0, 0, 3, 0]]
     assert dr.masked[1, :, 1:3].int().tolist() == [[1, 1], [0, 0], [0, 0]]
+    dr = rl.trace_masks(b, [[0, 1, 2, 3, 1], [4, 4]], block_size=4, shrink=2)  # steps {0, 1} -> copy 0, {2} -> 1
+    assert dr.masked[0, :, 3:8].int().tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 0]]
+    assert dr.weight[0, :, 3:8].tolist() == [[2, 2, 2, 0, 2], [0, 0, 0, 2, 0]]
+    with pytest.raises(ValueError, match="trace_shrink = 0"):
+        rl.trace_masks(b, [[0, 1, 2, 3, 1], [4, 4]], block_size=4, shrink=0)
     with pytest.raises(ValueError, match="decode trace of 1 entries"):
         rl.trace_masks(b, [[0, 1, 2, 3, 1], [4]], block_size=4)
     with pytest.raises(ValueError, match="needs an SDAR model"):
