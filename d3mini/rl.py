@@ -472,18 +472,18 @@ def seq_logp(model, batch: Batch, estimator: str, draws: MaskDraws, entropy=True
     if model.cfg.family not in _FITS[estimator]:
         raise ValueError(f"rl.estimator = {estimator!r} does not fit model.family = {model.cfg.family!r}")
     canvas = torch.where(draws.masked, model.cfg.mask_id, batch.ids[:, None])  # [B, D, n]
+    ids, lengths = batch.ids, batch.lengths
     if estimator == "sdar_trace":  # the decoder saw its last block whole, the tokens after the response as masks
         K = model.cfg.block_size
-        ends = -(-batch.lengths // K) * K  # [B]
-        w = max(n, int(ends.max()))
+        lengths = -(-batch.lengths // K) * K  # [B] block ends
+        w = max(n, int(lengths.max()))
         pos = torch.arange(w, device=canvas.device)
-        tail = (pos >= batch.lengths[:, None]) & (pos < ends[:, None])  # [B, w]
+        tail = (pos >= batch.lengths[:, None]) & (pos < lengths[:, None])  # [B, w]
         canvas = F.pad(canvas, (0, w - n), value=model.cfg.pad_id).masked_fill(tail[:, None], model.cfg.mask_id)
-        lp, ent = score(model, F.pad(batch.ids, (0, w - n), value=model.cfg.pad_id), canvas, ends, "bd",
-                        batch.prompt_len, entropy)
+        ids = F.pad(ids, (0, w - n), value=model.cfg.pad_id)
+    if _SCORING[estimator] == "bd":  # the D noisy copies share one pass over the clean sequence
+        lp, ent = score(model, ids, canvas, lengths, "bd", batch.prompt_len, entropy)
         lp, ent = lp[..., :n], None if ent is None else ent[..., :n]
-    elif _SCORING[estimator] == "bd":  # the D noisy copies share one pass over the clean sequence
-        lp, ent = score(model, batch.ids, canvas, batch.lengths, "bd", batch.prompt_len, entropy)
     else:
         lp, ent = score(model, batch.ids.repeat_interleave(D, 0), canvas.reshape(B * D, n),
                         batch.lengths.repeat_interleave(D), _SCORING[estimator],

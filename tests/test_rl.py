@@ -664,12 +664,13 @@ def test_rl_step_with_the_trace_estimator():
         assert after[0] - before[0] > 0.01 and (after[1:] - before[1:]).max() < after[0] - before[0]
         deltas.append(torch.cat([(a - p.detach()).flatten() for a, p in zip(params0, model.parameters())]))
     assert torch.allclose(deltas[0], deltas[1], atol=1e-6, rtol=1e-4)
+    model = tiny("sdar")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     samples[1].trace = None
     with pytest.raises(ValueError, match="expert samples have no trace"):
-        rl.rl_step(tiny("sdar"), torch.optim.SGD(tiny("sdar").parameters(), lr=0.1), samples, cfg)
+        rl.rl_step(model, opt, samples, cfg)
     samples[1].trace = [0, 0, 1]
     for s in samples:
         s.think_len = 1
     with pytest.raises(ValueError, match="set rl.score = all"):
-        rl.rl_step(tiny("sdar"), torch.optim.SGD(tiny("sdar").parameters(), lr=0.1), samples,
-                   rl.rl_config("d3llm_v2", estimator="sdar_trace", score="action"))
+        rl.rl_step(model, opt, samples, rl.rl_config("d3llm_v2", estimator="sdar_trace", score="action"))
