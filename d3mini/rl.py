@@ -25,7 +25,8 @@ text before the <action> tag joins the prompt as clean context and y is the rest
 `rl.estimator: sdar_trace` (any algorithm, SDAR) replaces the random mask draws with the rollout's own
 decode trace (TraceRL, rl.md §4.9; `trace_masks`): each token is scored in the canvas it was committed
 from, so the estimate is the decoder's exact log-probability, parallel commits included, at the cost of
-one noisy copy per denoising step of the longest block instead of rl.mc_samples.
+one noisy copy per denoising step of the longest block instead of rl.mc_samples; micro-batches gather
+rows of alike step counts and run only the copies their rows use (`trim_trace`).
 `rl.step_advantage: mean | mean_std` (any algorithm) adds GiGPO's step-level advantage (§6.5): the
 discounted returns of steps that acted on the same observation of the same task are compared, so a
 step is credited against the other actions taken in its state, not only by its episode's outcome.
