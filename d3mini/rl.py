@@ -793,7 +793,7 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
     if old_logp is not None and est != "ar":
         raise ValueError(f"old_logp from the rollout is only usable with the ar estimator, not {est!r}")
     keys = [(cfg.seed, step, s.episode_id, s.step) for s in samples]
-    order = [(int(x),) for x in batch.lengths]
+    order = [(x,) for x in batch.lengths.tolist()]
     if scheme == "trace":  # the same, deterministic copies in every epoch
         if any(moved):
             raise ValueError("rl.estimator = 'sdar_trace' scores the whole decoded response: set rl.score = all")
