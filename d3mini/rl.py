@@ -25,8 +25,7 @@ text before the <action> tag joins the prompt as clean context and y is the rest
 `rl.estimator: sdar_trace` (any algorithm, SDAR) replaces the random mask draws with the rollout's own
 decode trace (TraceRL, rl.md §4.9; `trace_masks`): each token is scored in the canvas it was committed
 from, so the estimate is the decoder's exact log-probability, parallel commits included, at the cost of
-one noisy copy per denoising step of the longest block instead of rl.mc_samples; micro-batches gather
-rows of alike step counts and run only the copies their rows use (`trim_trace`).
+one noisy copy per denoising step of the longest block instead of rl.mc_samples.
 `rl.step_advantage: mean | mean_std` (any algorithm) adds GiGPO's step-level advantage (§6.5): the
 discounted returns of steps that acted on the same observation of the same task are compared, so a
 step is credited against the other actions taken in its state, not only by its episode's outcome.
@@ -442,18 +441,6 @@ def trace_masks(batch: Batch, traces: list, block_size: int, shrink: int = 1) ->
     return MaskDraws(masked.to(dev), weight.to(dev))
 
 
-def trim_trace(draws: MaskDraws) -> MaskDraws:
-    """Trace copies of some rows (a micro-batch) without the trailing copies that score none of them:
-    the kept copies' weights become the kept count, so every per-token term (weight x log p, averaged
-    over the copies) is unchanged while rows whose blocks took few steps cost fewer forward rows."""
-    D = draws.weight.shape[1]
-    used = (draws.weight != 0).any(-1).any(0)  # [D]: copies that score a token of some row
-    keep = int(used.nonzero().max()) + 1 if bool(used.any()) else 1
-    if keep == D:
-        return draws
-    return MaskDraws(draws.masked[:, :keep], draws.weight[:, :keep] * (keep / D))
-
-
 # ----------------------------------------------------------------------------- estimates
 @dataclass
 class Est:
@@ -505,10 +492,7 @@ def seq_logp(model, batch: Batch, estimator: str, draws: MaskDraws, entropy=True
     scored = draws.weight != 0
     ent = terms.new_zeros(B) if ent is None else \
         (ent.view(B, D, n) * scored).sum((1, 2)) / scored.sum((1, 2)).clamp(min=1)  # [B]
-    draw = terms.sum(-1) / batch.resp_len[:, None]  # [B, D]
-    if estimator == "sdar_trace":  # the copies are parts of one exact sum, not draws: one estimate
-        draw = draw.mean(1, keepdim=True)
-    return Est(terms.mean(1), draw, ent, batch.resp)
+    return Est(terms.mean(1), terms.sum(-1) / batch.resp_len[:, None], ent, batch.resp)
 
 
 def resolve_estimator(cfg: RLConfig, family: str):
@@ -718,12 +702,11 @@ AGG = {"d1": "token", "grpo": "token"}  # the rest: "seq"
 
 
 # ----------------------------------------------------------------------------- the update
-def _plan(B: int, cfg: RLConfig, step: int, rank: int, world: int, order=None) -> list:
+def _plan(B: int, cfg: RLConfig, step: int, rank: int, world: int, lengths=None) -> list:
     """Per epoch: minibatches as (all their indices, this rank's micro-batch index lists); the
-    shuffle is seeded and the same on every rank, each rank takes every world-th row. With `order`
-    (per row a tuple of sizes, e.g. (length,) or (trace copies, length)), each minibatch is sorted by
-    it, largest first, before it is cut into micro-batches: the update (a sum over the minibatch) is
-    the same, the padding much smaller."""
+    shuffle is seeded and the same on every rank, each rank takes every world-th row. With
+    `lengths`, each minibatch is ordered by length before it is cut into micro-batches: the update
+    (a sum over the minibatch) is the same, the padding much smaller."""
     if world > 1 and (B % world or cfg.minibatch % world):
         raise ValueError(f"{B} step samples / rl.minibatch = {cfg.minibatch} must be divisible by the "
                          f"world size {world} (every rank runs the same number of micro-batches)")
@@ -731,8 +714,8 @@ def _plan(B: int, cfg: RLConfig, step: int, rank: int, world: int, order=None) -
     for j in range(cfg.epochs):
         perm = torch.randperm(B, generator=_gen((cfg.seed, step, j, "order"))).tolist()
         mbs = [perm[s: s + cfg.minibatch] for s in range(0, B, cfg.minibatch)]
-        if order is not None:
-            mbs = [sorted(mb, key=lambda i: tuple(-int(x) for x in order[i]) + (i,)) for mb in mbs]
+        if lengths is not None:
+            mbs = [sorted(mb, key=lambda i: (-int(lengths[i]), i)) for mb in mbs]
         mine = [mb[rank::world] for mb in mbs]
         plan.append([(mb, [m[s: s + cfg.micro_batch] for s in range(0, len(m), cfg.micro_batch)])
                      for mb, m in zip(mbs, mine)])
@@ -793,24 +776,20 @@ def rl_step(model, optimizer, samples: list, cfg: RLConfig, *, ref_model=None, o
     if old_logp is not None and est != "ar":
         raise ValueError(f"old_logp from the rollout is only usable with the ar estimator, not {est!r}")
     keys = [(cfg.seed, step, s.episode_id, s.step) for s in samples]
-    order = [(x,) for x in batch.lengths.tolist()]
+    plan = _plan(len(samples), cfg, step, rank, world, batch.lengths.tolist())
     if scheme == "trace":  # the same, deterministic copies in every epoch
         if any(moved):
             raise ValueError("rl.estimator = 'sdar_trace' scores the whole decoded response: set rl.score = all")
         draws = [trace_masks(batch, [s.trace for s in samples], model.cfg.block_size, cfg.trace_shrink)] * cfg.epochs
         D = draws[0].masked.shape[1]
-        # micro-batches of rows with alike step counts: each keeps only the copies its rows use
-        order = [(int(c),) + o for c, o in zip((draws[0].weight != 0).any(-1).sum(1).tolist(), order)]
     else:
         draws = [draw_masks(batch, scheme, D, [k + (j,) for k in keys], cfg.p_mask_prompt)
                  for j in range(cfg.epochs)]
-    plan = _plan(len(samples), cfg, step, rank, world, order)
     parts = [(j, mi) for j, mbs in enumerate(plan) for _, micros in mbs for mi in micros]
 
     def micro(j, mi):
         b = batch.select(mi)
-        dr = draws[j].select(mi, b.ids.shape[1])
-        return b, trim_trace(dr) if scheme == "trace" else dr
+        return b, draws[j].select(mi, b.ids.shape[1])
 
     T["prep"] = time.perf_counter() - t0
     fwd = defaultdict(int)
@@ -874,7 +853,8 @@ def _metrics(samples, raw, r, valid, adv, extra, batch, log, noise0, old, D, cfg
         "clip/high": float((ratio > 1 + cfg.clip_high).double().mean()),
         "ratio/p1": q[0], "ratio/p50": q[1], "ratio/p99": q[2], "ratio/max": float(ratio.max()),
         "noise0": noise0,  # max |log ratio| at the first inner step (0 up to float error)
-        "est/draw_std": float(draws.std(1).mean()) if draws is not None and draws.shape[1] > 1 else 0.0,
+        "est/draw_std": float(draws.std(1).mean())  # (trace copies are parts of one exact sum, not draws)
+        if draws is not None and draws.shape[1] > 1 and cfg.estimator != "sdar_trace" else 0.0,
         "logp_per_token": float(torch.cat(log["logp"]).mean()),
         "entropy": float(torch.cat(log["entropy"]).mean()), "loss": sum(log["loss"]) / len(log["grad_norm"]),
         "grad_norm": sum(log["grad_norm"]) / len(log["grad_norm"]), "grad_norm_max": max(log["grad_norm"]),
