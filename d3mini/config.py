@@ -164,6 +164,8 @@ class RLConfig:
                                     # same observation); mean_std divides by the group's std (reference/rl.md §6.5)
     step_weight: float = 1.0        # w in A = A_episode + w * A_step
     gamma: float = 0.95             # discount of the step returns
+    neg_weight: float = 1.0         # scale of negative advantages (1 = as computed; 0 = learn from better-than-
+                                    # average samples only, which sharpens the policy toward its wins)
 
 
 @dataclass
@@ -279,7 +281,7 @@ _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
-           "distill.expert_weight", "rl.step_weight"]
+           "distill.expert_weight", "rl.step_weight", "rl.neg_weight"]
 _UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
 
 

@@ -604,7 +604,8 @@ def sample_advantages(samples, cfg: RLConfig) -> tuple:
     """Per step sample: (raw episode rewards, shaped rewards, advantages [B] float32, extra metrics).
     The episode advantage is group-relative over the gated episode rewards (cfg.gating, cfg.advantage);
     with cfg.step_advantage != "none" GiGPO's anchor-state step advantage of the gated step returns is
-    added with weight cfg.step_weight (the gate or penalty applies to a step's return as to its reward)."""
+    added with weight cfg.step_weight (the gate or penalty applies to a step's return as to its reward).
+    Last, negative advantages are multiplied by cfg.neg_weight (1 = symmetric, as computed)."""
     raw = [float(s.reward) for s in samples]
     valid = [bool(s.valid) for s in samples]
     r = gate_rewards(raw, valid, cfg.gating, cfg.penalty)
@@ -618,6 +619,8 @@ def sample_advantages(samples, cfg: RLConfig) -> tuple:
         a_step, grouped = anchor_advantages(g, [(s.group_id, s.anchor) for s in samples], cfg.step_advantage)
         adv = adv + cfg.step_weight * a_step.float()
         extra.update({"adv/step_abs_mean": float(a_step.abs().mean()), "anchor/frac_grouped": grouped})
+    if cfg.neg_weight != 1.0:  # asymmetric credit: negative advantages scaled by rl.neg_weight
+        adv = torch.where(adv < 0, cfg.neg_weight * adv, adv)
     return raw, r, adv.float(), extra
 
 

@@ -349,6 +349,22 @@ def test_step_advantage_adds_gated_anchor_term_by_hand():
     assert (a - ap).tolist() == pytest.approx([1.25, 4.9 - m, 10.0 - m, -1.25, -m], rel=1e-6)
 
 
+def test_neg_weight_scales_only_negative_advantages():
+    """rl.neg_weight: gated rewards [10, 0 (invalid), 10, 0, 0] give mean advantages [6, -4, 6, -4, -4];
+    the weight w scales only the negative ones: [6, -4w, 6, -4w, -4w]."""
+    ss = [StepSample([1], [2], 10.0, group_id=0, valid=True), StepSample([1], [2], 10.0, group_id=0, valid=False),
+          StepSample([1], [2], 10.0, group_id=0, valid=True), StepSample([1], [2], 0.0, group_id=0, valid=True),
+          StepSample([1], [2], 0.0, group_id=0, valid=True)]
+    _, _, a, _ = rl.sample_advantages(ss, RLConfig(advantage="mean", gating="gate", neg_weight=0.25))
+    assert a.tolist() == pytest.approx([6.0, -1.0, 6.0, -1.0, -1.0])
+    _, _, a, _ = rl.sample_advantages(ss, RLConfig(advantage="mean", gating="gate", neg_weight=0.0))
+    assert a.tolist() == pytest.approx([6.0, 0.0, 6.0, 0.0, 0.0])
+    # grpo: (r - mean) / std with r = [10, 0, 10, 0, 0]: std = sqrt(30) (unbiased), negatives halved
+    _, _, a, _ = rl.sample_advantages(ss, RLConfig(advantage="grpo", gating="gate", neg_weight=0.5))
+    sd = 30 ** 0.5
+    assert a.tolist() == pytest.approx([6 / sd, -2 / sd, 6 / sd, -2 / sd, -2 / sd], rel=1e-5)
+
+
 # ----------------------------------------------------------------------------- losses by hand
 def _est(tok, draw, ent):
     tok = torch.tensor(tok)
