@@ -164,8 +164,8 @@ class RLConfig:
                                     # same observation); mean_std divides by the group's std (reference/rl.md §6.5)
     step_weight: float = 1.0        # w in A = A_episode + w * A_step
     gamma: float = 0.95             # discount of the step returns
-    neg_weight: float = 1.0         # scale of negative advantages (1 = as computed; 0 = learn from better-than-
-                                    # average samples only, which sharpens the policy toward its wins)
+    neg_weight: float = 1.0         # scale of negative advantages (1 = as computed; 0 = credit only better-than-
+                                    # average samples; no gain measured on the tiny config, dev/LOG.md)
 
 
 @dataclass
