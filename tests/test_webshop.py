@@ -407,3 +407,47 @@ def test_real_file_errors(tmp_path):
         D.load_files(str(tmp_path), human=False)
     with pytest.raises(EnvError, match="product #1 needs"):
         D.parse_products([{"asin": "B1", "name": "x"}, {"title": "no asin"}], {}, 0)
+
+
+# ----------------------------------------------------------------------------- bench/failures.py outcomes
+def test_failure_outcomes_of_played_episodes():
+    """bench/failures.py's classes on real episodes: the expert's (won), the expert's cut short before its
+    last option (too few options), a wrong value of that option's group, and two step-limited episodes."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    from failures import outcome
+
+    c = EnvConfig(obs_format="compact")
+    env = W.make(c)
+    tid = next(i for i in W.task_ids(c, "test") if len(W.make(c).shop.goals[i]["goal_options"]) == 2)
+
+    def play(last_option):  # the expert up to its second option click, then last_option(env, that value)
+        env.reset(task_id=tid)
+        chosen = 0
+        while not env.done:
+            key, action = W.expert_action(env)
+            if key == "option":
+                chosen += 1
+                if chosen == 2:
+                    return last_option(env, action[len("click["):-1])
+            env.step(action)
+        return env
+
+    env.reset(task_id=tid)
+    while not env.done:
+        env.step(W.expert_action(env)[1])
+    assert outcome(env, 0) == "won"
+    e = play(lambda e, v: (e.step("click[buy now]"), e)[1])
+    assert e.done and e.score < 1.0 and outcome(e, 0) == "bought: too few options chosen"
+
+    def wrong(e, v):
+        group = next(vals for vals in e.product["options"].values() if v in vals)
+        e.step(f"click[{next(x for x in group if x != v)}]")
+        e.step("click[buy now]")
+        return e
+    e = play(wrong)
+    assert e.done and outcome(e, 0) == "bought: wrong option value"
+    env.reset(task_id=tid)
+    assert outcome(env, 3) == "no purchase: invalid action repeated"
+    assert outcome(env, 0) == "no purchase: all actions valid"

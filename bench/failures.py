@@ -1,0 +1,104 @@
+"""Why do held-out WebShop episodes fail? Greedy episodes of a checkpoint sorted by how they ended.
+
+    python bench/failures.py runs/tiny/ckpt/step_00003000 [--tasks 300] [--tau 1.0,0.95]
+
+The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used); the same held-out
+test tasks, seed and decoding as eval.py (it runs metrics.evaluate), so the won count is eval's success. A bought item
+is classified by the first term of WebShop's score it misses (reference/envs.md §1.7): product type,
+then attributes, then price, then options (fewer options chosen than the goal asks for, or a wrong
+value). An episode without a purchase ran out of steps; it is split by whether it took an invalid
+action (which leaves the page as it was, so greedy decoding repeats it until the step limit).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import eval as ev  # noqa: E402
+from d3mini.config import load_config  # noqa: E402
+from d3mini.envs import make_env  # noqa: E402
+from d3mini.metrics import evaluate  # noqa: E402
+
+KINDS = ["won", "bought: wrong product type", "bought: attribute missing", "bought: over the price limit",
+         "bought: too few options chosen", "bought: wrong option value",
+         "no purchase: invalid action repeated", "no purchase: all actions valid"]
+
+
+def outcome(env, n_invalid: int) -> str:
+    """The row of KINDS one finished (or truncated) embedded-WebShop episode falls in."""
+    if env.score >= 1.0 - 1e-9:
+        return "won"
+    if env.page != "done":
+        return "no purchase: invalid action repeated" if n_invalid else "no purchase: all actions valid"
+    info, g = env.reward_info, env.goal
+    if info["r_type"] < 1.0:
+        return "bought: wrong product type"
+    if info["r_att"] < 1.0:
+        return "bought: attribute missing"
+    if info["r_price"] < 1.0:
+        return "bought: over the price limit"
+    wanted = len(g["goal_options"])
+    return "bought: too few options chosen" if len(env.options) < wanted else "bought: wrong option value"
+
+
+class Counting:
+    """An env that also counts the steps it rejected (WebShop's is_action_valid)."""
+
+    def __init__(self, env):
+        self.env, self.invalid = env, 0
+
+    def reset(self, *a, **k):
+        return self.env.reset(*a, **k)
+
+    def step(self, action):
+        obs, reward, done, info = self.env.step(action)
+        self.invalid += not info["is_action_valid"]
+        return obs, reward, done, info
+
+    def close(self):
+        self.env.close()
+
+
+def classify(ckpt: str, tau: float, tasks: int) -> tuple:
+    """(Counter over KINDS, success, episodes) of eval's held-out episodes at threshold tau."""
+    cfg = load_config(os.path.join(ev.run_dir_of(ckpt), "config.yaml"))
+    if cfg.env.name != "webshop" or cfg.env.server_url:
+        raise SystemExit(f"bench/failures.py reads the in-process WebShop env; this run has env.name = "
+                         f"{cfg.env.name!r}, env.server_url = {cfg.env.server_url!r}")
+    model, tok = ev.load_training_checkpoint(ckpt, cfg)
+    envs = []
+
+    def factory(env_cfg):  # keep each episode's env to read its goal, purchase and score afterwards
+        envs.append(Counting(make_env(env_cfg)))
+        return envs[-1]
+
+    row, = evaluate(model, tok, cfg, thresholds=[tau], num_tasks=tasks, env_factory=factory)
+    counts = collections.Counter(outcome(e.env, e.invalid) for e in envs)
+    return counts, row["success"], len(envs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ckpt")
+    ap.add_argument("--tasks", type=int, default=300)
+    ap.add_argument("--tau", default="1.0,0.95", help="comma-separated decode thresholds")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    taus = [ev.check_threshold(float(t)) for t in args.tau.split(",")]
+    cols = [classify(args.ckpt, t, args.tasks) for t in taus]
+    print(f"# {args.ckpt}: held-out episodes by outcome, decoded as eval.py does")
+    print("| outcome | " + " | ".join(f"τ {t}" for t in taus) + " |")
+    print("|---|" + "---|" * len(taus))
+    for k in KINDS:
+        print(f"| {k} | " + " | ".join(str(c[k]) for c, _, _ in cols) + " |")
+    print("| success | " + " | ".join(f"{s:.3f} ({n} episodes)" for _, s, n in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
