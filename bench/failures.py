@@ -1,13 +1,13 @@
-"""Why do held-out WebShop episodes fail? Greedy episodes of a checkpoint sorted by how they ended.
+"""Why do held-out WebShop episodes fail? A checkpoint's evaluation episodes sorted by how they ended.
 
     python bench/failures.py runs/tiny/ckpt/step_00003000 [--tasks 300] [--tau 1.0,0.95]
 
-The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used); the same held-out
-test tasks, seed and decoding as eval.py (it runs metrics.evaluate), so the won count is eval's success. A bought item
-is classified by the first term of WebShop's score it misses (reference/envs.md §1.7): product type,
-then attributes, then price, then options (fewer options chosen than the goal asks for, or a wrong
-value). An episode without a purchase ran out of steps; it is split by whether it took an invalid
-action (which leaves the page as it was, so greedy decoding repeats it until the step limit).
+The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used). The episodes are
+eval.py's (it runs metrics.evaluate: same held-out tasks, seed and decoding), so the won count is eval's
+success. A bought item is classified by the first term of WebShop's score it misses (reference/envs.md
+§1.7): product type, then attributes, then price, then options (fewer options chosen than the goal asks
+for, or a wrong value). An episode without a purchase ran out of steps; it is split by whether it took an
+invalid action (which leaves the page as it was, so greedy decoding repeats it until the step limit).
 """
 from __future__ import annotations
 
