@@ -451,3 +451,26 @@ def test_failure_outcomes_of_played_episodes():
     env.reset(task_id=tid)
     assert outcome(env, 3) == "no purchase: invalid action repeated"
     assert outcome(env, 0) == "no purchase: all actions valid"
+
+
+def test_expert_state_think_marks_each_goal_option():
+    """env.think = state: on the item page the think text lists the goal's options as the page shows them,
+    set or missing, before the stock phrase; other pages keep the stock phrases."""
+    c = EnvConfig(obs_format="compact", think="state")
+    env, rng = W.make(c), random.Random(0)
+    tid = next(i for i in W.task_ids(c, "test") if len(env.shop.goals[i]["goal_options"]) == 2)
+    env.reset(task_id=tid)
+    seen = []
+    while not env.done:
+        text = W.expert(env, rng)
+        key, action = W.expert_action(env)
+        think = text.split("</think>")[0][len("<think>"):]
+        if key in ("option", "buy"):
+            a, b = W._option_clicks(env.goal, env.product)
+            marks = [("set" if v in env.options.values() else "missing") for v in (a, b)]
+            assert think.startswith(f"{a} {marks[0]}, {b} {marks[1]}. ") and think.split(". ", 1)[1] in W.THOUGHTS[key]
+            seen.append(key)
+        else:
+            assert think in W.THOUGHTS[key]
+        env.step(W.project(text)[0])
+    assert env.score == 1.0 and seen == ["option", "option", "buy"]

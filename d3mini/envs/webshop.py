@@ -478,9 +478,16 @@ THOUGHTS = {
 
 
 def expert(env: WebShopEnv, rng: random.Random) -> str:
-    """The expert's full response for the env's current state: a short <think> drawn from THOUGHTS, then the action."""
+    """The expert's full response for the env's current state: a short <think> drawn from THOUGHTS, then the action.
+    With env.think = "state" the item page's think first lists the goal's options as set / missing."""
     if not isinstance(env, WebShopEnv):
         raise EnvError("the WebShop expert needs an in-process WebShopEnv (it reads the goal), "
                        f"got {type(env).__name__}")
     key, action = expert_action(env)
-    return f"<think>{rng.choice(THOUGHTS[key])}</think><action>{action}</action>"
+    think = rng.choice(THOUGHTS[key])
+    if key in ("option", "buy") and getattr(env.cfg, "think", "phrases") == "state":
+        # the decision to pick an option or to buy, spelled out: each goal option as the page shows it
+        chosen = env.options.values()
+        status = ", ".join(f"{v} {'set' if v in chosen else 'missing'}" for v in _option_clicks(env.goal, env.product))
+        think = f"{status}. {think}"
+    return f"<think>{think}</think><action>{action}</action>"
