@@ -64,13 +64,8 @@ class Counting:
         self.env.close()
 
 
-def classify(ckpt: str, tau: float, tasks: int) -> tuple:
+def classify(model, tok, cfg, tau: float, tasks: int) -> tuple:
     """(Counter over KINDS, success, episodes) of eval's held-out episodes at threshold tau."""
-    cfg = load_config(os.path.join(ev.run_dir_of(ckpt), "config.yaml"))
-    if cfg.env.name != "webshop" or cfg.env.server_url:
-        raise SystemExit(f"bench/failures.py reads the in-process WebShop env; this run has env.name = "
-                         f"{cfg.env.name!r}, env.server_url = {cfg.env.server_url!r}")
-    model, tok = ev.load_training_checkpoint(ckpt, cfg)
     envs = []
 
     def factory(env_cfg):  # keep each episode's env to read its goal, purchase and score afterwards
@@ -91,7 +86,12 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     taus = [ev.check_threshold(float(t)) for t in args.tau.split(",")]
-    cols = [classify(args.ckpt, t, args.tasks) for t in taus]
+    cfg = load_config(os.path.join(ev.run_dir_of(args.ckpt), "config.yaml"))
+    if cfg.env.name != "webshop" or cfg.env.server_url:
+        raise SystemExit(f"bench/failures.py reads the in-process WebShop env; this run has env.name = "
+                         f"{cfg.env.name!r}, env.server_url = {cfg.env.server_url!r}")
+    model, tok = ev.load_training_checkpoint(args.ckpt, cfg)
+    cols = [classify(model, tok, cfg, t, args.tasks) for t in taus]
     print(f"# {args.ckpt}: held-out episodes by outcome, decoded as eval.py does")
     print("| outcome | " + " | ".join(f"τ {t}" for t in taus) + " |")
     print("|---|" + "---|" * len(taus))

@@ -420,7 +420,7 @@ def test_failure_outcomes_of_played_episodes():
 
     c = EnvConfig(obs_format="compact")
     env = W.make(c)
-    tid = next(i for i in W.task_ids(c, "test") if len(W.make(c).shop.goals[i]["goal_options"]) == 2)
+    tid = next(i for i in W.task_ids(c, "test") if len(env.shop.goals[i]["goal_options"]) == 2)
 
     def play(last_option):  # the expert up to its second option click, then last_option(env, that value)
         env.reset(task_id=tid)

@@ -485,7 +485,7 @@ def expert(env: WebShopEnv, rng: random.Random) -> str:
                        f"got {type(env).__name__}")
     key, action = expert_action(env)
     think = rng.choice(THOUGHTS[key])
-    if key in ("option", "buy") and getattr(env.cfg, "think", "phrases") == "state":
+    if key in ("option", "buy") and env.cfg.think == "state":
         # the decision to pick an option or to buy, spelled out: each goal option as the page shows it
         chosen = env.options.values()
         status = ", ".join(f"{v} {'set' if v in chosen else 'missing'}" for v in _option_clicks(env.goal, env.product))
