@@ -1,6 +1,6 @@
 """Why do held-out WebShop episodes fail? A checkpoint's evaluation episodes sorted by how they ended.
 
-    python bench/failures.py runs/tiny/ckpt/step_00003000 [--tasks 300] [--tau 1.0,0.95]
+    python bench/failures.py runs/tiny/ckpt/step_00003000 [--tasks 300] [--tau 1.0,0.95] [--examples 5]
 
 The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used). The episodes are
 eval.py's (it runs metrics.evaluate: same held-out tasks, seed and decoding), so the won count is eval's
@@ -8,6 +8,7 @@ success. A bought item is classified by the first term of WebShop's score it mis
 §1.7): product type, then attributes, then price, then options (fewer options chosen than the goal asks
 for, or a wrong value). An episode without a purchase ran out of steps; it is split by whether it took an
 invalid action (which leaves the page as it was, so greedy decoding repeats it until the step limit).
+--examples N prints, for the first N such episodes, the page and the first action the env rejected.
 """
 from __future__ import annotations
 
@@ -47,17 +48,22 @@ def outcome(env, n_invalid: int) -> str:
 
 
 class Counting:
-    """An env that also counts the steps it rejected (WebShop's is_action_valid)."""
+    """An env that also counts the steps it rejected (WebShop's is_action_valid) and keeps the first one:
+    (page, action, the admissible actions there)."""
 
     def __init__(self, env):
-        self.env, self.invalid = env, 0
+        self.env, self.invalid, self.first_invalid = env, 0, None
 
     def reset(self, *a, **k):
         return self.env.reset(*a, **k)
 
     def step(self, action):
+        page = self.env.page
         obs, reward, done, info = self.env.step(action)
-        self.invalid += not info["is_action_valid"]
+        if not info["is_action_valid"]:
+            self.invalid += 1
+            if self.first_invalid is None:
+                self.first_invalid = (page, action, info["admissible_actions"])
         return obs, reward, done, info
 
     def close(self):
@@ -65,7 +71,7 @@ class Counting:
 
 
 def classify(model, tok, cfg, tau: float, tasks: int) -> tuple:
-    """(Counter over KINDS, success, episodes) of eval's held-out episodes at threshold tau."""
+    """(Counter over KINDS, success, the Counting envs) of eval's held-out episodes at threshold tau."""
     envs = []
 
     def factory(env_cfg):  # keep each episode's env to read its goal, purchase and score afterwards
@@ -74,7 +80,7 @@ def classify(model, tok, cfg, tau: float, tasks: int) -> tuple:
 
     row, = evaluate(model, tok, cfg, thresholds=[tau], num_tasks=tasks, env_factory=factory)
     counts = collections.Counter(outcome(e.env, e.invalid) for e in envs)
-    return counts, row["success"], len(envs)
+    return counts, row["success"], envs
 
 
 def main():
@@ -83,6 +89,7 @@ def main():
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--tau", default="1.0,0.95", help="comma-separated decode thresholds")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--examples", type=int, default=0, help="show the first rejected action of N loop episodes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     taus = [ev.check_threshold(float(t)) for t in args.tau.split(",")]
@@ -97,7 +104,15 @@ def main():
     print("|---|" + "---|" * len(taus))
     for k in KINDS:
         print(f"| {k} | " + " | ".join(str(c[k]) for c, _, _ in cols) + " |")
-    print("| success | " + " | ".join(f"{s:.3f} ({n} episodes)" for _, s, n in cols) + " |")
+    print("| success | " + " | ".join(f"{s:.3f} ({len(e)} episodes)" for _, s, e in cols) + " |")
+    for t, (_, _, envs) in zip(taus, cols):
+        loops = [e for e in envs if outcome(e.env, e.invalid) == KINDS[6]][: args.examples]
+        for i, e in enumerate(loops):
+            page, action, admissible = e.first_invalid
+            if i == 0:
+                print(f"\n## τ {t}: the first action the env rejected, in {len(loops)} invalid-loop episodes")
+            print(f"- goal {e.env.goal['instruction_text']!r}\n  on the {page} page: {action!r} "
+                  f"(admissible: {', '.join(admissible[:8])}{' ...' if len(admissible) > 8 else ''})")
 
 
 if __name__ == "__main__":

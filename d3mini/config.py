@@ -87,7 +87,9 @@ class EnvConfig:
     asin_chars: int = 8             # embedded WebShop: random characters after "B0" in an ASIN (8 = real form;
                                     # tiny models copy a short id far sooner, see dev/LOG.md)
     think: str = "phrases"          # embedded WebShop expert's <think>: phrases (a stock phrase per situation) | state
-                                    # (on the item page the goal's options each marked set / missing, then the phrase)
+                                    # (before an option click or buy, the goal's options each marked set / missing, then
+                                    # the phrase) | state_all (also before going back: an option the item lacks is
+                                    # "not offered")
     data_dir: Optional[str] = None  # folder with real data files (WebShop json, Search jsonl, ALFWorld games)
     topk: int = 3                   # search: documents per <information>
     retriever_url: Optional[str] = None  # search: Search-R1 /retrieve server; None = embedded BM25
@@ -257,7 +259,7 @@ _CHOICES = {
     "env.name": ("webshop", "search", "alfworld"),
     "env.prompt": ("verl", "compact"),
     "env.obs_format": ("text", "compact"),
-    "env.think": ("phrases", "state"),
+    "env.think": ("phrases", "state", "state_all"),
     "sft.loss_norm": ("tokens", "samples"),
     "sft.loss_weight": ("elbo", "uniform"),
     "rl.algo": ("d3llm_v2", "d1", "espo", "bgpo", "gdpo", "grpo"),

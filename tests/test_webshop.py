@@ -416,7 +416,7 @@ def test_failure_outcomes_of_played_episodes():
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    from failures import outcome
+    from failures import Counting, outcome
 
     c = EnvConfig(obs_format="compact")
     env = W.make(c)
@@ -451,6 +451,12 @@ def test_failure_outcomes_of_played_episodes():
     env.reset(task_id=tid)
     assert outcome(env, 3) == "no purchase: invalid action repeated"
     assert outcome(env, 0) == "no purchase: all actions valid"
+    counted = Counting(env)  # keeps the first rejected action with its page and what was admissible
+    counted.reset(task_id=tid)
+    counted.step("click[buy now]")  # not on the search page
+    counted.step("click[next >]")
+    assert counted.invalid == 2 and counted.first_invalid[:2] == ("search", "click[buy now]")
+    assert counted.first_invalid[2] == env.admissible()
 
 
 def test_expert_state_think_marks_each_goal_option():
@@ -474,3 +480,38 @@ def test_expert_state_think_marks_each_goal_option():
             assert think in W.THOUGHTS[key]
         env.step(W.project(text)[0])
     assert env.score == 1.0 and seen == ["option", "option", "buy"]
+
+
+def test_expert_state_all_think_names_the_option_an_item_lacks():
+    """env.think = state_all: going back from an item that lacks a goal option, the think text first marks
+    each goal option (the lacking one "not offered"); with state the same step keeps its stock phrase, and
+    the option and buy steps read the same under both."""
+    texts = {}
+    for think in ("state", "state_all"):
+        c = EnvConfig(obs_format="compact", think=think)
+        env, rng = W.make(c), random.Random(0)
+        for tid in W.task_ids(c, "test"):
+            env.reset(task_id=tid)
+            steps = []
+            while not env.done:
+                key, _ = W.expert_action(env)
+                text = W.expert(env, rng)
+                steps.append((key, text.split("</think>")[0][len("<think>"):],
+                              env.goal, env.product if env.page == "item" else None))
+                env.step(W.project(text)[0])
+            if any(k == "lacks" for k, *_ in steps):
+                break
+        texts[think] = steps
+    assert [k for k, *_ in texts["state"]] == [k for k, *_ in texts["state_all"]]
+    for (key, t1, goal, product), (_, t2, _, _) in zip(texts["state"], texts["state_all"]):
+        if key != "lacks":
+            assert t1 == t2
+            continue
+        assert t1 in W.THOUGHTS["lacks"]
+        status, phrase = t2.split(". ", 1)
+        assert phrase in W.THOUGHTS["lacks"]
+        offered = [v for vs in product["options"].values() for v in vs]
+        parts = status.split(", ")
+        assert len(parts) == len(goal["goal_options"]) and any(p.endswith(" not offered") for p in parts)
+        for p in parts:  # an offered value is named as the page spells it
+            assert p.endswith(" not offered") or p.rsplit(" ", 1)[0] in offered

@@ -479,15 +479,27 @@ THOUGHTS = {
 
 def expert(env: WebShopEnv, rng: random.Random) -> str:
     """The expert's full response for the env's current state: a short <think> drawn from THOUGHTS, then the action.
-    With env.think = "state" the item page's think first lists the goal's options as set / missing."""
+    With env.think = "state" the item page's think first lists the goal's options as set / missing before an
+    option click or the purchase; "state_all" also before going back from an item that lacks one ("not offered")."""
     if not isinstance(env, WebShopEnv):
         raise EnvError("the WebShop expert needs an in-process WebShopEnv (it reads the goal), "
                        f"got {type(env).__name__}")
     key, action = expert_action(env)
     think = rng.choice(THOUGHTS[key])
-    if key in ("option", "buy") and env.cfg.think == "state":
-        # the decision to pick an option or to buy, spelled out: each goal option as the page shows it
-        chosen = env.options.values()
-        status = ", ".join(f"{v} {'set' if v in chosen else 'missing'}" for v in _option_clicks(env.goal, env.product))
-        think = f"{status}. {think}"
+    if env.cfg.think in ("state", "state_all") and (key in ("option", "buy") or
+                                                    (key == "lacks" and env.cfg.think == "state_all")):
+        # the decision to pick an option, to buy or to go back, spelled out: each goal option as the page shows it
+        think = f"{option_status(env.goal, env.product, env.options.values())}. {think}"
     return f"<think>{think}</think><action>{action}</action>"
+
+
+def option_status(goal: dict, product: dict, chosen) -> str:
+    """Each goal option as an item page shows it: "<value> set" (chosen), "<value> missing" (offered, not
+    chosen) or "<goal's value> not offered" (the item has no such value), comma-separated."""
+    gopts = goal["goal_options"].values() if isinstance(goal["goal_options"], dict) else goal["goal_options"]
+    vals = [v for vs in product["options"].values() for v in vs]
+    out = []
+    for g in gopts:
+        hit = next((v for v in vals if _fuzzy(normalize_color(g), normalize_color(v))), None)
+        out.append(f"{g} not offered" if hit is None else f"{hit} {'set' if hit in chosen else 'missing'}")
+    return ", ".join(out)
