@@ -8,7 +8,8 @@ success. A bought item is classified by the first term of WebShop's score it mis
 §1.7): product type, then attributes, then price, then options (fewer options chosen than the goal asks
 for, or a wrong value). An episode without a purchase ran out of steps; it is split by whether it took an
 invalid action (which leaves the page as it was, so greedy decoding repeats it until the step limit).
---examples N prints, for the first N such episodes, the page and the first action the env rejected.
+The loop episodes are then split by the first action the env rejected (LOOP_KINDS); --examples N prints
+the goal, page and rejected action of the first N.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ KINDS = ["won", "bought: wrong product type", "bought: attribute missing", "boug
          "bought: too few options chosen", "bought: wrong option value",
          "no purchase: invalid action repeated", "no purchase: all actions valid"]
 
+LOOP_KINDS = ["item page: a goal value the item does not offer", "item page: other",
+              "results page: an id not on the page", "results page: other", "search page"]
+
 
 def outcome(env, n_invalid: int) -> str:
     """The row of KINDS one finished (or truncated) embedded-WebShop episode falls in."""
@@ -47,9 +51,24 @@ def outcome(env, n_invalid: int) -> str:
     return "bought: too few options chosen" if len(env.options) < wanted else "bought: wrong option value"
 
 
+def loop_kind(action: str, env) -> str:
+    """The row of LOOP_KINDS of an action the env rejected (a rejected action leaves the page as it was, so
+    env.page and the open item are those it was taken on)."""
+    arg = action[len("click["):-1] if action.startswith("click[") and action.endswith("]") else None
+    page = env.page
+    if page == "item":
+        offered = {v for vs in env.product["options"].values() for v in vs}
+        wanted = env.goal["goal_options"]
+        wanted = set(wanted.values() if isinstance(wanted, dict) else wanted)
+        return LOOP_KINDS[0] if arg is not None and arg in wanted and arg not in offered else LOOP_KINDS[1]
+    if page == "results":
+        return LOOP_KINDS[2] if arg is not None and arg.lower().startswith("b0") else LOOP_KINDS[3]
+    return LOOP_KINDS[4]
+
+
 class Counting:
     """An env that also counts the steps it rejected (WebShop's is_action_valid) and keeps the first one:
-    (page, action, the admissible actions there)."""
+    (page, action, the admissible actions there, its LOOP_KINDS row)."""
 
     def __init__(self, env):
         self.env, self.invalid, self.first_invalid = env, 0, None
@@ -58,12 +77,11 @@ class Counting:
         return self.env.reset(*a, **k)
 
     def step(self, action):
-        page = self.env.page
         obs, reward, done, info = self.env.step(action)
         if not info["is_action_valid"]:
             self.invalid += 1
             if self.first_invalid is None:
-                self.first_invalid = (page, action, info["admissible_actions"])
+                self.first_invalid = (self.env.page, action, info["admissible_actions"], loop_kind(action, self.env))
         return obs, reward, done, info
 
     def close(self):
@@ -105,15 +123,19 @@ def main():
     for k in KINDS:
         print(f"| {k} | " + " | ".join(str(c[k]) for c, _, _ in cols) + " |")
     print("| success | " + " | ".join(f"{s:.3f} ({len(e)} episodes)" for _, s, e in cols) + " |")
-    for t, (_, _, envs) in zip(taus, cols):
-        loops = [e for e in envs if outcome(e.env, e.invalid) == KINDS[6]][: args.examples]
-        for i, e in enumerate(loops):
-            page, action, admissible = e.first_invalid
+    loops = [[e for e in envs if outcome(e.env, e.invalid) == KINDS[6]] for _, _, envs in cols]
+    kinds = [collections.Counter(e.first_invalid[3] for e in ls) for ls in loops]
+    print("\n| invalid-loop episodes by the first rejected action | " + " | ".join(f"τ {t}" for t in taus) + " |")
+    print("|---|" + "---|" * len(taus))
+    for k in LOOP_KINDS:
+        print(f"| {k} | " + " | ".join(str(c[k]) for c in kinds) + " |")
+    for t, ls in zip(taus, loops):
+        for i, e in enumerate(ls[: args.examples]):
+            page, action, admissible, _ = e.first_invalid
             if i == 0:
-                print(f"\n## τ {t}: the first action the env rejected, in {len(loops)} invalid-loop episodes")
+                print(f"\n## τ {t}: the first rejected action of {min(args.examples, len(ls))} invalid-loop episodes")
             print(f"- goal {e.env.goal['instruction_text']!r}\n  on the {page} page: {action!r} "
                   f"(admissible: {', '.join(admissible[:8])}{' ...' if len(admissible) > 8 else ''})")
-
 
 if __name__ == "__main__":
     main()

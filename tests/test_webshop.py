@@ -451,12 +451,32 @@ def test_failure_outcomes_of_played_episodes():
     env.reset(task_id=tid)
     assert outcome(env, 3) == "no purchase: invalid action repeated"
     assert outcome(env, 0) == "no purchase: all actions valid"
-    counted = Counting(env)  # keeps the first rejected action with its page and what was admissible
+    counted = Counting(env)  # keeps the first rejected action: page, action, what was admissible, its kind
     counted.reset(task_id=tid)
     counted.step("click[buy now]")  # not on the search page
     counted.step("click[next >]")
     assert counted.invalid == 2 and counted.first_invalid[:2] == ("search", "click[buy now]")
-    assert counted.first_invalid[2] == env.admissible()
+    assert counted.first_invalid[2] == env.admissible() and counted.first_invalid[3] == "search page"
+    goal = env.goal
+    wanted = list(goal["goal_options"].values() if isinstance(goal["goal_options"], dict) else goal["goal_options"])
+    # the held-out goals' own product offers its options: find an item that lacks one of them
+    lacking = next(a for a, p in env.shop.products.items()
+                   if wanted[0] not in {v for vs in p["options"].values() for v in vs})
+    counted = Counting(env)
+    counted.reset(task_id=tid)
+    counted.step(W.expert_action(env)[1])  # search
+    page_ids = [a.lower() for a in env._page_asins()]
+    counted.step(f"click[{page_ids[0]}x]")  # an id not on the page
+    assert counted.first_invalid[0] == "results" and counted.first_invalid[3] == "results page: an id not on the page"
+    counted.step(f"click[{page_ids[0]}]")
+    counted.first_invalid = None
+    counted.step("click[no such option]")
+    kinds = [counted.first_invalid[3]]
+    counted.first_invalid = None
+    env.asin = lacking  # the same page, another item: one that lacks the goal's first option
+    counted.step(f"click[{wanted[0]}]")
+    kinds.append(counted.first_invalid[3])
+    assert kinds == ["item page: other", "item page: a goal value the item does not offer"]
 
 
 def test_expert_state_think_marks_each_goal_option():
