@@ -84,7 +84,7 @@ def attribute_matches(g: str, p: dict) -> bool:
 def get_reward(goal: dict, p: dict, options: dict) -> tuple[float, dict]:
     """(N_attr + N_opt + r_price) / (|attributes| + |options| + 1) * r_type  (reference/envs.md §1.7)."""
     attrs = goal["attributes"]
-    gopts = list(goal["goal_options"].values()) if isinstance(goal["goal_options"], dict) else list(goal["goal_options"])
+    gopts = goal_option_values(goal)
     chosen = [normalize_color(v) for v in options.values()]
     n_attr = sum(attribute_matches(g, p) for g in attrs)
     n_opt = sum(any(_fuzzy(normalize_color(g), c) for c in chosen) for g in gopts)
@@ -421,17 +421,22 @@ def search_query(instruction: str) -> str:
     return q.strip()
 
 
+def goal_option_values(goal: dict) -> list:
+    """The values the goal asks for, one per option (goal_options is a name -> value dict or a list)."""
+    g = goal["goal_options"]
+    return list(g.values() if isinstance(g, dict) else g)
+
+
+def _offered(goal_value: str, p: dict) -> Optional[str]:
+    """The product's option value that matches one the goal asks for (None if it offers none)."""
+    vals = [v for vs in p["options"].values() for v in vs]
+    return next((v for v in vals if _fuzzy(normalize_color(goal_value), normalize_color(v))), None)
+
+
 def _option_clicks(goal: dict, p: dict) -> Optional[list]:
     """The product's option value for each goal option (None if one is missing)."""
-    gopts = goal["goal_options"].values() if isinstance(goal["goal_options"], dict) else goal["goal_options"]
-    vals = [v for vs in p["options"].values() for v in vs]
-    out = []
-    for g in gopts:
-        hit = next((v for v in vals if _fuzzy(normalize_color(g), normalize_color(v))), None)
-        if hit is None:
-            return None
-        out.append(hit)
-    return out
+    out = [_offered(g, p) for g in goal_option_values(goal)]
+    return None if None in out else out
 
 
 def _fits(goal: dict, p: dict) -> bool:
@@ -486,9 +491,8 @@ def expert(env: WebShopEnv, rng: random.Random) -> str:
                        f"got {type(env).__name__}")
     key, action = expert_action(env)
     think = rng.choice(THOUGHTS[key])
-    if env.cfg.think in ("state", "state_all") and (key in ("option", "buy") or
-                                                    (key == "lacks" and env.cfg.think == "state_all")):
-        # the decision to pick an option, to buy or to go back, spelled out: each goal option as the page shows it
+    spelled = {"phrases": (), "state": ("option", "buy"), "state_all": ("option", "buy", "lacks")}[env.cfg.think]
+    if key in spelled:  # the decision to pick an option, buy or go back, spelled out: the goal's options as shown
         think = f"{option_status(env.goal, env.product, env.options.values())}. {think}"
     return f"<think>{think}</think><action>{action}</action>"
 
@@ -496,10 +500,8 @@ def expert(env: WebShopEnv, rng: random.Random) -> str:
 def option_status(goal: dict, product: dict, chosen) -> str:
     """Each goal option as an item page shows it: "<value> set" (chosen), "<value> missing" (offered, not
     chosen) or "<goal's value> not offered" (the item has no such value), comma-separated."""
-    gopts = goal["goal_options"].values() if isinstance(goal["goal_options"], dict) else goal["goal_options"]
-    vals = [v for vs in product["options"].values() for v in vs]
     out = []
-    for g in gopts:
-        hit = next((v for v in vals if _fuzzy(normalize_color(g), normalize_color(v))), None)
+    for g in goal_option_values(goal):
+        hit = _offered(g, product)
         out.append(f"{g} not offered" if hit is None else f"{hit} {'set' if hit in chosen else 'missing'}")
     return ", ".join(out)
