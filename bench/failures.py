@@ -17,6 +17,7 @@ import argparse
 import collections
 import os
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -66,9 +67,18 @@ def loop_kind(action: str, env) -> str:
     return LOOP_KINDS[4]
 
 
+class Rejected(NamedTuple):
+    """An action the env rejected: the page it was taken on, the action, what was admissible there and its
+    LOOP_KINDS row."""
+    page: str
+    action: str
+    admissible: list
+    kind: str
+
+
 class Counting:
-    """An env that also counts the steps it rejected (WebShop's is_action_valid) and keeps the first one:
-    (page, action, the admissible actions there, its LOOP_KINDS row)."""
+    """An env that also counts the steps it rejected (WebShop's is_action_valid) and keeps the first one
+    as a Rejected."""
 
     def __init__(self, env):
         self.env, self.invalid, self.first_invalid = env, 0, None
@@ -81,7 +91,8 @@ class Counting:
         if not info["is_action_valid"]:
             self.invalid += 1
             if self.first_invalid is None:
-                self.first_invalid = (self.env.page, action, info["admissible_actions"], loop_kind(action, self.env))
+                self.first_invalid = Rejected(self.env.page, action, info["admissible_actions"],
+                                              loop_kind(action, self.env))
         return obs, reward, done, info
 
     def close(self):
@@ -124,7 +135,7 @@ def main():
         print(f"| {k} | " + " | ".join(str(c[k]) for c, _, _ in cols) + " |")
     print("| success | " + " | ".join(f"{s:.3f} ({len(e)} episodes)" for _, s, e in cols) + " |")
     loops = [[e for e in envs if outcome(e.env, e.invalid) == KINDS[6]] for _, _, envs in cols]
-    kinds = [collections.Counter(e.first_invalid[3] for e in ls) for ls in loops]
+    kinds = [collections.Counter(e.first_invalid.kind for e in ls) for ls in loops]
     print("\n| invalid-loop episodes by the first rejected action | " + " | ".join(f"τ {t}" for t in taus) + " |")
     print("|---|" + "---|" * len(taus))
     for k in LOOP_KINDS:

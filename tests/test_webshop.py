@@ -455,8 +455,7 @@ def test_failure_outcomes_of_played_episodes():
     counted.reset(task_id=tid)
     counted.step("click[buy now]")  # not on the search page
     counted.step("click[next >]")
-    assert counted.invalid == 2 and counted.first_invalid[:2] == ("search", "click[buy now]")
-    assert counted.first_invalid[2] == env.admissible() and counted.first_invalid[3] == "search page"
+    assert counted.invalid == 2 and counted.first_invalid == ("search", "click[buy now]", env.admissible(), "search page")
     wanted = W.goal_option_values(env.goal)
     # the held-out goals' own product offers its options: find an item that lacks one of them
     lacking = next(a for a, p in env.shop.products.items()
@@ -466,15 +465,15 @@ def test_failure_outcomes_of_played_episodes():
     counted.step(W.expert_action(env)[1])  # search
     page_ids = [a.lower() for a in env._page_asins()]
     counted.step(f"click[{page_ids[0]}x]")  # an id not on the page
-    assert counted.first_invalid[0] == "results" and counted.first_invalid[3] == "results page: an id not on the page"
+    assert counted.first_invalid.page == "results" and counted.first_invalid.kind == "results page: an id not on the page"
     counted.step(f"click[{page_ids[0]}]")
     counted.first_invalid = None
     counted.step("click[no such option]")
-    kinds = [counted.first_invalid[3]]
+    kinds = [counted.first_invalid.kind]
     counted.first_invalid = None
     env.asin = lacking  # the same page, another item: one that lacks the goal's first option
     counted.step(f"click[{wanted[0]}]")
-    kinds.append(counted.first_invalid[3])
+    kinds.append(counted.first_invalid.kind)
     assert kinds == ["item page: other", "item page: a goal value the item does not offer"]
 
 
