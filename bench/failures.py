@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import eval as ev  # noqa: E402
 from d3mini.config import load_config  # noqa: E402
 from d3mini.envs import make_env  # noqa: E402
-from d3mini.envs.webshop import goal_option_values  # noqa: E402
+from d3mini.envs.webshop import goal_option_values, offered_value  # noqa: E402
 from d3mini.metrics import evaluate  # noqa: E402
 
 KINDS = ["won", "bought: wrong product type", "bought: attribute missing", "bought: over the price limit",
@@ -59,9 +59,8 @@ def loop_kind(action: str, env) -> str:
     arg = action[len("click["):-1] if action.startswith("click[") and action.endswith("]") else None
     page = env.page
     if page == "item":
-        offered = {v for vs in env.product["options"].values() for v in vs}
-        wanted = set(goal_option_values(env.goal))
-        return LOOP_KINDS[0] if arg is not None and arg in wanted and arg not in offered else LOOP_KINDS[1]
+        lacks = arg in goal_option_values(env.goal) and offered_value(arg, env.product) is None
+        return LOOP_KINDS[0] if lacks else LOOP_KINDS[1]  # (a goal value the item offers under another spelling: other)
     if page == "results":
         return LOOP_KINDS[2] if arg is not None and arg.lower().startswith("b0") else LOOP_KINDS[3]
     return LOOP_KINDS[4]

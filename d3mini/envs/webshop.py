@@ -427,7 +427,7 @@ def goal_option_values(goal: dict) -> list:
     return list(g.values() if isinstance(g, dict) else g)
 
 
-def _offered(goal_value: str, p: dict) -> Optional[str]:
+def offered_value(goal_value: str, p: dict) -> Optional[str]:
     """The product's option value that matches one the goal asks for (None if it offers none)."""
     vals = [v for vs in p["options"].values() for v in vs]
     return next((v for v in vals if _fuzzy(normalize_color(goal_value), normalize_color(v))), None)
@@ -435,7 +435,7 @@ def _offered(goal_value: str, p: dict) -> Optional[str]:
 
 def _option_clicks(goal: dict, p: dict) -> Optional[list]:
     """The product's option value for each goal option (None if one is missing)."""
-    out = [_offered(g, p) for g in goal_option_values(goal)]
+    out = [offered_value(g, p) for g in goal_option_values(goal)]
     return None if None in out else out
 
 
@@ -502,6 +502,6 @@ def option_status(goal: dict, product: dict, chosen) -> str:
     chosen) or "<goal's value> not offered" (the item has no such value), comma-separated."""
     out = []
     for g in goal_option_values(goal):
-        hit = _offered(g, product)
+        hit = offered_value(g, product)
         out.append(f"{g} not offered" if hit is None else f"{hit} {'set' if hit in chosen else 'missing'}")
     return ", ".join(out)
