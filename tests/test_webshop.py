@@ -457,7 +457,7 @@ def test_failure_outcomes_of_played_episodes():
     counted.step("click[next >]")
     assert counted.invalid == 2 and counted.first_invalid == ("search", "click[buy now]", env.admissible(), "search page")
     wanted = W.goal_option_values(env.goal)
-    # the held-out goals' own product offers its options: find an item that lacks one of them
+    # an item of the shop that lacks the goal's first option, to stand in for the one the agent opens
     lacking = next(a for a, p in env.shop.products.items() if W.offered_value(wanted[0], p) is None)
     counted = Counting(env)
     counted.reset(task_id=tid)
@@ -519,6 +519,7 @@ def test_expert_state_all_think_names_the_option_an_item_lacks():
             if any(k == "lacks" for k, *_ in steps):
                 break
         texts[think] = steps
+    assert "lacks" in [k for k, *_ in texts["state"]]  # an episode that goes back from a lacking item was found
     assert [k for k, *_ in texts["state"]] == [k for k, *_ in texts["state_all"]]
     for (key, t1, goal, product), (_, t2, _, _) in zip(texts["state"], texts["state_all"]):
         if key != "lacks":
