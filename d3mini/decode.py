@@ -26,7 +26,7 @@ Host syncs: one bool per denoising step (are masks left in this round?) outside 
 function, and one per block for the stop check. The step itself (forward, proposal, selection,
 commit) is sync-free and fixed-shape, so `compile=True` runs it under torch.compile(fullgraph).
 Confidence p is read from the unfiltered temperature-scaled softmax (T = 1 when greedy), never
-from the top-k/top-p filtered one (models.md §10); sampling is Exponential-race (Gumbel-max).
+from the top-k/top-p filtered one (models.md §10); sampling is inverse-CDF with one uniform per token.
 TPF counts tokens without the stop id (metrics.md §1.2); nfe_total adds the prefill forward.
 """
 from __future__ import annotations
@@ -63,7 +63,8 @@ class DecodeResult:
 
 # ----------------------------------------------------------------------------- commit rule
 def _propose(logits, temperature: float, top_k: int, top_p: float, noise):
-    """logits [B, K, V] -> x0 [B, K] proposals, p [B, K] confidence of x0 under softmax(logits / T)."""
+    """logits [B, K, V] -> x0 [B, K] proposals, p [B, K] confidence of x0 under softmax(logits / T).
+    noise [B, K]: uniforms in [0, 1), one per token (unused when temperature = 0)."""
     logits = logits.float()
     if temperature == 0:
         x0 = logits.argmax(-1)
@@ -79,7 +80,12 @@ def _propose(logits, temperature: float, top_k: int, top_p: float, noise):
         ps = srt.softmax(-1)
         drop = (ps.cumsum(-1) - ps) > top_p  # keep the smallest prefix whose mass reaches top_p
         f = f.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
-    x0 = (f.softmax(-1) / noise).argmax(-1)  # Exponential race == sampling (gpt-fast, sync-free)
+    # inverse CDF: the first token whose cumulative mass reaches u' * total, u' = 1 - u in (0, 1], so a
+    # token of zero mass (filtered out) is never drawn; fixed-shape and sync-free. One uniform per token
+    # instead of an Exponential race's B x K x V draws: the race's noise cost more than the forward.
+    cdf = f.softmax(-1).cumsum(-1)
+    x0 = torch.searchsorted(cdf, ((1 - noise) * cdf[..., -1]).unsqueeze(-1).contiguous()).squeeze(-1)
+    x0 = x0.clamp(max=f.shape[-1] - 1)
     p = torch.exp(scaled.gather(-1, x0[..., None])[..., 0] - scaled.logsumexp(-1))
     return x0, p
 
@@ -171,12 +177,12 @@ def _schedule(K: int, steps: int) -> list:
     return [K // steps + (s < K % steps) for s in range(steps)]
 
 
-def _noise(st: dict, batch: int, K: int, V: int, cfg: DecodeConfig, gen):
-    """Exponential(1) noise [B, K, V] for the rows still in the batch, drawn for the whole original
-    batch so a row's samples do not depend on when other rows finished (eager vs compiled)."""
+def _noise(st: dict, batch: int, K: int, cfg: DecodeConfig, gen):
+    """Uniform noise [B, K] for the rows still in the batch, drawn for the whole original batch so a
+    row's samples do not depend on when other rows finished (eager vs compiled)."""
     if cfg.temperature == 0:
         return None
-    full = torch.empty(batch, K, V, device=st["x"].device).exponential_(generator=gen)
+    full = torch.rand(batch, K, device=st["x"].device, generator=gen)
     return full[st["row"]]
 
 
@@ -247,7 +253,7 @@ def _generate_blocks(model, prompts, cfg: DecodeConfig, stop: set, dev, gen) -> 
     while True:
         for s in range(steps):
             fused = s == 0 and (ar or rnd > 0)
-            noise = _noise(st, B, K, mc.vocab_size, cfg, gen)
+            noise = _noise(st, B, K, cfg, gen)
             left = step(model, cache, st, ks[s], tau, noise, K=K, fused=fused, ar=ar, opt=opt)
             if s < steps - 1 and not bool(left):  # one host sync per step: is the round over?
                 break
@@ -314,7 +320,7 @@ def _generate_llada(model, prompts, cfg: DecodeConfig, stop: set, dev, gen) -> d
                 attn = st["keyok"][:, None, None, :].expand(-1, 1, L - bs, L)
                 logits = model(st["x"][:, bs:], position_ids=st["pos"][:, bs:], attn=attn, cache=cache,
                                cache_pos=torch.arange(bs, L, device=dev), logits_rows=slice(0, K))
-            noise = _noise(st, B, K, mc.vocab_size, cfg, gen)
+            noise = _noise(st, B, K, cfg, gen)
             left = _commit(st, cur, logits, k, tau, noise, opt)
             if s < len(ks) - 1 and not bool(left):
                 break

@@ -363,7 +363,7 @@ def test_llada_prefix_cache_matches_fast_dllm_on_transformers(rule, tau):
 def test_sampler_distribution_and_filters():
     logits = torch.tensor([[[2.0, 1.0, 0.5, 0.0, -1.0]]]).expand(1, 20000, 5)
     g = torch.Generator().manual_seed(0)
-    noise = torch.empty(1, 20000, 5).exponential_(generator=g)
+    noise = torch.rand(1, 20000, generator=g)
     x0, p = _propose(logits, 1.0, 0, 1.0, noise)
     freq = torch.bincount(x0.flatten(), minlength=5).float() / 20000
     assert (freq - logits[0, 0].softmax(-1)).abs().max() < 0.015
@@ -376,6 +376,9 @@ def test_sampler_distribution_and_filters():
     assert torch.allclose(p, (logits[0, 0] / 0.5).softmax(-1)[x0])
     x0, _ = _propose(logits, 1.0, 0, 0.7, noise)  # top-p 0.7: {0, 1} hold 0.78 of the mass
     assert set(x0.flatten().tolist()) == {0, 1}
+    ends = torch.tensor([[0.0, 1.0 - 2 ** -24]])  # the extreme uniforms never reach a filtered-out token
+    x0, _ = _propose(torch.tensor([[[-1.0, 2.0, 0.0, 1.0, -3.0]]]).expand(1, 2, 5), 1.0, 2, 1.0, ends)
+    assert x0.tolist() == [[3, 1]]  # u = 0: the last token with mass; u -> 1: the first
 
 
 def test_seeded_sampling_reproducible_and_top1_equals_greedy():
