@@ -82,7 +82,8 @@ def _propose(logits, temperature: float, top_k: int, top_p: float, noise):
         f = f.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
     # inverse CDF: the first token whose cumulative mass reaches u' * total, u' = 1 - u in (0, 1], so a
     # token of zero mass (filtered out) is never drawn; fixed-shape and sync-free. One uniform per token
-    # instead of an Exponential race's B x K x V draws: the race's noise cost more than the forward.
+    # instead of an Exponential race's B x K x V draws, whose noise took longer than the model's forward
+    # at the tiny config's shapes (bench/sampler.py).
     cdf = f.softmax(-1).cumsum(-1)
     x0 = torch.searchsorted(cdf, ((1 - noise) * cdf[..., -1]).unsqueeze(-1).contiguous()).squeeze(-1)
     x0 = x0.clamp(max=f.shape[-1] - 1)
