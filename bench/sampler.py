@@ -7,8 +7,8 @@ Rows, at the tiny config's shapes (block 8, vocabulary 2048; RL decodes 64 episo
 150): the Exponential race (draw Exponential(1) noise [B, K, V], take argmax of softmax / noise: exact
 sampling, B x K x V random numbers) against decode._propose's inverse CDF (one uniform per token, the
 first token whose cumulative mass reaches it). Both read the confidence the same way. The ratio column
-is against the race in the same process. A chi-square-free check follows: over 200 000 draws from one
-fixed distribution the two samplers' token frequencies and the softmax must agree to 0.005.
+is against the race in the same process. A check follows: over 200 000 draws from one fixed
+distribution the two samplers' token frequencies and the softmax must agree to 0.005.
 
 With --ckpt (a train.py checkpoint), it also times whole RL rollouts as train.py's RL stage runs them (the
 run's config: rl.tasks_per_step x rl.group_size episodes, sampled at rl.temperature and rl.threshold, the
@@ -19,6 +19,7 @@ episodes differ; the table gives decode seconds per rollout and per generated to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -29,21 +30,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from d3mini.decode import _propose  # noqa: E402
 
 
+def race_propose(logits, temperature: float, noise):
+    """The baseline: an Exponential race (Gumbel-max in another form) on Exponential(1) noise [B, K, V]."""
+    scaled = logits.float() / temperature
+    x0 = (scaled.softmax(-1) / noise).argmax(-1)
+    return x0, torch.exp(scaled.gather(-1, x0[..., None])[..., 0] - scaled.logsumexp(-1))
+
+
 def race(logits, gen):
-    """The baseline: Exponential race (Gumbel-max in another form), B x K x V random numbers."""
-    noise = torch.empty(logits.shape).exponential_(generator=gen)
-    x0 = (logits.float().softmax(-1) / noise).argmax(-1)
-    p = torch.exp(logits.gather(-1, x0[..., None])[..., 0] - logits.logsumexp(-1))
-    return x0, p
+    return race_propose(logits, 1.0, torch.empty(logits.shape).exponential_(generator=gen))
 
 
 def inverse_cdf(logits, gen):
-    u = torch.rand(logits.shape[:2], generator=gen)
-    return _propose(logits, 1.0, 0, 1.0, u)
+    return _propose(logits, 1.0, 0, 1.0, torch.rand(logits.shape[:2], generator=gen))
 
 
-class _RaceDecoder:
+class RaceDecoder:
     """Swaps the Exponential race into d3mini.decode for the duration of a `with` block."""
+
+    def __init__(self, vocab_size: int):
+        self.V = vocab_size
 
     def __enter__(self):
         from d3mini import decode
@@ -52,15 +58,12 @@ class _RaceDecoder:
         def noise(st, batch, K, cfg, gen):
             if cfg.temperature == 0:
                 return None
-            V = self.V
-            return torch.empty(batch, K, V, device=st["x"].device).exponential_(generator=gen)[st["row"]]
+            return torch.empty(batch, K, self.V, device=st["x"].device).exponential_(generator=gen)[st["row"]]
 
         def propose(logits, temperature, top_k, top_p, noise):
             if temperature == 0 or top_k or top_p < 1.0:
                 raise ValueError("the race baseline here covers plain sampling only")
-            scaled = logits.float() / temperature
-            x0 = (scaled.softmax(-1) / noise).argmax(-1)
-            return x0, torch.exp(scaled.gather(-1, x0[..., None])[..., 0] - scaled.logsumexp(-1))
+            return race_propose(logits, temperature, noise)
 
         decode._propose, decode._noise = propose, noise
         return self
@@ -76,39 +79,27 @@ def rollout_table(ckpt: str, steps: int):
     from d3mini.config import load_config
     cfg = load_config(os.path.join(run_dir_of(ckpt), "config.yaml"))
     model, tok = load_training_checkpoint(ckpt, cfg)
-    race_decoder = _RaceDecoder()
-    race_decoder.V = model.cfg.vocab_size
     ids = train.policy_task_ids(cfg, cfg.rl.goals, "rl.goals")
     dcfg = train.rl_decode(cfg)
-    tot = {"race": [0.0, 0, 0, 0.0], "icdf": [0.0, 0, 0, 0.0]}  # seconds, tokens, forwards, success
+    tot = {"race": [0.0, 0, 0.0], "icdf": [0.0, 0, 0.0]}  # decode seconds, generated tokens, mean success
     for step in range(steps):
         for name in ("race", "icdf"):
-            ctx = race_decoder if name == "race" else _Nothing()
-            with ctx:
+            with RaceDecoder(model.cfg.vocab_size) if name == "race" else contextlib.nullcontext():
                 _, m = train.policy_rollout(cfg, model, tok, dcfg, ids, cfg.rl.tasks_per_step, cfg.rl.group_size,
                                             7919, step)
             t = tot[name]
             t[0] += m["time_decode"]
             t[1] += m["gen_tokens"]
-            t[2] += m["nfe_total"]
-            t[3] += m["success"] / steps
+            t[2] += m["success"] / steps
     print(f"\nRL rollouts of {ckpt} ({steps} steps x {cfg.rl.tasks_per_step} tasks x {cfg.rl.group_size}, "
           f"temperature {dcfg.temperature}, tau {dcfg.threshold}):\n")
     print("| sampler | decode s / rollout | ms / token | rollout success | vs race (s / token) |")
     print("|---|---|---|---|---|")
     base = tot["race"][0] / tot["race"][1]
     for name, label in (("race", "Exponential race"), ("icdf", "inverse CDF (decode._propose)")):
-        s, n, _, acc = tot[name]
+        s, n, acc = tot[name]
         print(f"| {label} | {s / steps:.1f} | {s / n * 1e3:.2f} | {acc:.2f} | "
               f"{base / (s / n):.2f}x |")
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def timed(fn, logits, reps: int) -> float:
