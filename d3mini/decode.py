@@ -85,8 +85,8 @@ def _propose(logits, temperature: float, top_k: int, top_p: float, noise):
     # instead of an Exponential race's B x K x V draws, whose noise took longer than the model's forward
     # at the tiny config's shapes (bench/sampler.py).
     cdf = f.softmax(-1).cumsum(-1)
-    x0 = torch.searchsorted(cdf, ((1 - noise) * cdf[..., -1]).unsqueeze(-1).contiguous()).squeeze(-1)
-    x0 = x0.clamp(max=f.shape[-1] - 1)
+    x0 = torch.searchsorted(cdf, ((1 - noise) * cdf[..., -1]).unsqueeze(-1)).squeeze(-1)
+    x0 = x0.clamp(max=f.shape[-1] - 1)  # (1 - u) * total <= total, so only NaN logits would give V
     p = torch.exp(scaled.gather(-1, x0[..., None])[..., 0] - scaled.logsumexp(-1))
     return x0, p
 
