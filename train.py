@@ -384,13 +384,11 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.rl import rl_step
     ids = policy_task_ids(cfg, cfg.rl.goals, "rl.goals")
     opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
+    # explicit-KL baseline: the reference is the policy frozen as RL began
+    ref = frozen_copy(cfg, model, "rl", start) if cfg.rl.kl != "none" else None
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.rl.steps, step, "rl", info)
     dcfg = rl_decode(cfg)
-    ref = None
-    if cfg.rl.kl != "none":  # explicit-KL baseline: a frozen copy of the policy at the start of RL
-        import copy
-        ref = copy.deepcopy(model).eval().requires_grad_(False)
     while step < cfg.rl.steps:
         samples, rm = policy_rollout(cfg, model, tok, dcfg, ids, cfg.rl.tasks_per_step, cfg.rl.group_size,
                                      7919, step)
@@ -427,6 +425,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.distill import distill_step, select_samples
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
+    teacher = frozen_copy(cfg, model, "distill", start) if cfg.distill.teacher_weight > 0 else None
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
     dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)
@@ -445,7 +444,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
             metrics = distill_step(model, opt, mine, cfg.distill, progress=step / max(cfg.distill.steps - 1, 1),
                                    gen=torch.Generator().manual_seed(cfg.train.seed * 31 + step + info.rank),
                                    grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, world=info.world,
-                                   regularizer=expert_replay(cfg, model, expert, info, step) if expert else None)
+                                   regularizer=expert_replay(cfg, model, expert, info, step) if expert else None,
+                                   teacher=teacher)
         sch.step()
         step += 1
         rec = {"stage": "distill", "step": step, "rollout/success": rm["success"],
@@ -565,6 +565,25 @@ def crash_point(stage: str, step: int):
     abruptly (no cleanup, like kill -9) right after that step."""
     if os.environ.get("D3MINI_CRASH_AT") == f"{stage}:{step}":
         os._exit(75)
+
+
+def frozen_copy(cfg, model, stage: str, start):
+    """The model frozen as `stage` began (RL's KL reference, distillation's teacher). Written once to
+    out_dir/frozen/<stage> when the stage starts, and read back from there when the stage resumes, so a
+    resumed run keeps the same one. Call it before resume_into: loading restores the RNG state too."""
+    import copy
+    path = os.path.join(cfg.train.out_dir, "frozen", stage)
+    ref = copy.deepcopy(model)
+    if start is None:
+        dist.save(path, 0, ref, keep=1)
+    elif not os.path.isdir(path):
+        raise dist.CheckpointError(f"resuming {stage} needs the model frozen as the stage began, written to {path} "
+                                   f"when it started; it is missing (a run from an older version?). Start the "
+                                   f"stage over from its first step's checkpoint, or set the option that needs it "
+                                   f"to its off value")
+    else:
+        dist.load(path, ref)
+    return ref.eval().requires_grad_(False)
 
 
 def resume_into(cfg, model, opt, sch, start) -> int:

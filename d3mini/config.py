@@ -200,6 +200,8 @@ class DistillConfig:
     expert_score: str = "all"       # all | action: what the replay trains; action = from the <action> tag on, the
                                     # expert's think text then clean context (with score: think, each loss keeps
                                     # to its own part of the response)
+    teacher_weight: float = 0.0     # KL(teacher || policy) on the masked action tokens, the teacher being the
+                                    # policy frozen as the stage began (the RL model); 0 = no teacher
 
 
 @dataclass
@@ -286,7 +288,7 @@ _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
-           "distill.expert_weight", "rl.step_weight", "rl.neg_weight"]
+           "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight"]
 _UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
 
 

@@ -29,7 +29,10 @@ blocks fully masked and not scored (metrics.md §3.2); noisy and complement are 
 Loss (metrics.md §3.4): (CE + CE_comp + lambda * H) / 4 with CE, CE_comp plain means over the
 masked positions of each copy (no 1/p weighting: the ratio is chosen, not a diffusion time) and
 H the entropy of softmax(logits / entropy_temp) averaged over the noisy copy's masked positions
-whose argmax equals the target.
+whose argmax equals the target. With a teacher (distill.teacher_weight > 0: the policy frozen as
+the stage began) one more term, teacher_weight * KL(teacher || policy) / 4, averaged over the
+masked action tokens of both copies, holds the actions where the teacher had them while the
+think text sharpens.
 """
 from __future__ import annotations
 
@@ -100,6 +103,7 @@ class DistillBatch:
     hidden: torch.Tensor   # [B, n] bool: masked in both copies, never scored (LLaDA: later blocks)
     prompt_len: torch.Tensor  # [B]
     block_size: int        # K used to build the masks
+    action: Optional[torch.Tensor] = None  # [B, n] bool: response tokens from the <action> tag on
 
     @property
     def start(self) -> int:  # shortest prompt: no copy scores a position before it
@@ -108,7 +112,8 @@ class DistillBatch:
     def select(self, idx: list) -> "DistillBatch":
         n = int(self.lengths[idx].max())
         cut = [t[idx, :n] for t in (self.ids, self.masked, self.comp, self.hidden)]
-        return DistillBatch(cut[0], self.lengths[idx], *cut[1:], self.prompt_len[idx], self.block_size)
+        act = self.action[idx, :n] if self.action is not None else None
+        return DistillBatch(cut[0], self.lengths[idx], *cut[1:], self.prompt_len[idx], self.block_size, act)
 
 
 def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, tie_break: str,
@@ -122,7 +127,7 @@ def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, ti
     n = max(p + len(s.response_ids) for p, s in zip(P, samples))
     B = len(samples)
     ids = torch.full((B, n), pad_id, dtype=torch.long)
-    masked, comp, hidden = (torch.zeros(B, n, dtype=torch.bool) for _ in range(3))
+    masked, comp, hidden, action = (torch.zeros(B, n, dtype=torch.bool) for _ in range(4))
 
     def uni() -> float:
         return r_lo + (r_hi - r_lo) * float(torch.rand(1, generator=gen))
@@ -143,15 +148,16 @@ def build_batch(samples: list, family: str, K: int, r_lo: float, r_hi: float, ti
             k = n_masked(uni(), hi - lo)
             masked[i, [p + j for j in ranked[:k]]] = True
             comp[i, [p + j for j in ranked[k:]]] = True
+        cut = p + min(s.think_len, R)
+        action[i, cut:p + R] = True
         if score == "think":
-            cut = p + min(s.think_len, R)
             hidden[i, cut:p + R] = True
             masked[i, cut:], comp[i, cut:] = False, False
         elif score != "all":
             raise ValueError(f"distill.score = {score!r}: must be all | think")
     dev = device or "cpu"
     return DistillBatch(ids.to(dev), torch.tensor([p + len(s.response_ids) for p, s in zip(P, samples)], device=dev),
-                        masked.to(dev), comp.to(dev), hidden.to(dev), torch.tensor(P, device=dev), K)
+                        masked.to(dev), comp.to(dev), hidden.to(dev), torch.tensor(P, device=dev), K, action.to(dev))
 
 
 # ----------------------------------------------------------------------------- loss
@@ -205,22 +211,49 @@ def distill_terms(lg, lgc, target, masked, comp, cfg: DistillConfig, n_mask: Opt
     return loss, st
 
 
-def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp=None) -> tuple:
-    """Pure loss of one batch (wrap it with autocast / FSDP as needed): (loss, stats)."""
+def teacher_positions(b: DistillBatch, complementary: bool = True) -> tuple:
+    """Where the teacher term applies: action tokens masked in the noisy / complementary copy ([B, n] each)."""
+    act = b.action if b.action is not None else torch.zeros_like(b.masked)
+    return act & (b.masked | b.hidden), (act & (b.comp | b.hidden)) if complementary else None
+
+
+def kl_sum(teacher_lg, lg, where) -> torch.Tensor:
+    """Sum over `where` of KL(softmax(teacher_lg) || softmax(lg)) (logits [B, L, V], where [B, L])."""
+    lt, ls = teacher_lg.float().log_softmax(-1), lg.float().log_softmax(-1)
+    return ((lt.exp() * (lt - ls)).sum(-1) * where).sum()
+
+
+def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp=None, teacher=None,
+                 n_teacher=None) -> tuple:
+    """Pure loss of one batch (wrap it with autocast / FSDP as needed): (loss, stats).
+    teacher: a frozen model; adds teacher_weight * KL(teacher || model) on the masked action tokens of both
+    copies (their mean; n_teacher: the global count), so sharpening the think text leaves the actions as the
+    teacher would take them given the same context."""
     lg, lgc = distill_logits(model, b, cfg.complementary)
     s = b.start
-    return distill_terms(lg, lgc, b.ids[:, s:], b.masked[:, s:], b.comp[:, s:], cfg, n_mask, n_comp)
+    loss, st = distill_terms(lg, lgc, b.ids[:, s:], b.masked[:, s:], b.comp[:, s:], cfg, n_mask, n_comp)
+    if teacher is not None and cfg.teacher_weight > 0:
+        with torch.no_grad():
+            tlg, tlgc = distill_logits(teacher, b, cfg.complementary)
+        wn, wc = teacher_positions(b, cfg.complementary)
+        kl = kl_sum(tlg, lg, wn[:, s:]) + (kl_sum(tlgc, lgc, wc[:, s:]) if lgc is not None else 0.0)
+        count = float(wn.sum()) + (float(wc.sum()) if wc is not None else 0.0)
+        kl = kl / (n_teacher or max(count, 1.0))
+        loss = loss + cfg.teacher_weight * kl / 4
+        st.update({"teacher_kl": float(kl.detach()), "teacher_tokens": count})
+    return loss, st
 
 
 # ----------------------------------------------------------------------------- step
 def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: float, gen=None, *,
                  grad_clip: float = 1.0, clip_fn: Optional[Callable] = None, world: int = 1,
-                 regularizer: Optional[Callable] = None) -> dict:
+                 regularizer: Optional[Callable] = None, teacher=None) -> dict:
     """One optimizer update on (at most batch_size / world of) the usable samples, micro-batched with
     global normalisers. With data parallel each rank passes its own slice and the loss is divided by
     `world`, so summed gradients are the mean over ranks. Without usable samples nothing is updated.
     regularizer: () -> loss, this rank's share of an extra term (e.g. the SFT loss on expert samples,
-    distill.expert_batch), weighted already; its gradient joins the update before clipping."""
+    distill.expert_batch), weighted already; its gradient joins the update before clipping.
+    teacher: the frozen model of distill.teacher_weight (distill_loss)."""
     gen = gen if gen is not None else torch.Generator().manual_seed(0)
     kept = select_samples(samples, cfg)
     lo = r_floor(progress, cfg.r_max)
@@ -235,13 +268,14 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
     dev = next(model.parameters()).device
     b = build_batch(kept, mc.family, K, lo, cfg.r_max, cfg.tie_break, mc.pad_id, gen, dev, cfg.score)
     n_mask, n_comp = max(float(b.masked.sum()), 1.0), max(float(b.comp.sum()), 1.0)
+    n_teacher = max(sum(float(w.sum()) for w in teacher_positions(b, cfg.complementary) if w is not None), 1.0)
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: only the adapters
     optimizer.zero_grad(set_to_none=True)
     tot: dict = {}
     loss_sum = 0.0
     for s in range(0, len(kept), cfg.micro_batch):
         loss, st = distill_loss(model, b.select(list(range(s, min(s + cfg.micro_batch, len(kept))))), cfg,
-                                n_mask, n_comp)
+                                n_mask, n_comp, teacher, n_teacher)
         (loss / world).backward()
         loss_sum += float(loss.detach())
         for k, v in st.items():
@@ -260,6 +294,8 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
               "mask_ratio": tot["masked"] / max(elig, 1.0), "masked_tokens": tot["masked"],
               "block_size": K, "samples_used": len(kept), "grad_norm": gnorm,
               "resp_len": sum(len(s.response_ids) for s in kept) / len(kept)})
+    if "teacher_kl" in tot:
+        m.update({"teacher_kl": tot["teacher_kl"], "teacher_tokens": tot["teacher_tokens"]})
     if reg is not None:
         m["expert_loss"] = float(reg.detach())
     return m

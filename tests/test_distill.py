@@ -1,5 +1,6 @@
 """Online self-distillation: curricula, trace-ordered masks, complement, prompt safety, the loss
 against hand-computed values and against independent per-block reference forwards."""
+import copy
 import math
 import random
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from d3mini.config import DistillConfig, LoRAConfig, ModelConfig
-from d3mini.distill import (block_size_at, build_batch, distill_logits, distill_loss, distill_step, distill_terms,
+from d3mini.distill import (block_size_at, build_batch, distill_logits, distill_loss, distill_step, distill_terms, kl_sum,
                             mask_order, n_masked, r_floor, select_samples)
 from d3mini.lora import apply_lora
 from d3mini.model import DiffusionLM
@@ -302,3 +303,71 @@ def test_step_without_usable_samples_and_bad_family():
         build_batch([sample([5], [6, EOS], [0, 1])], "qwen3", 1, 0.0, 0.8, "confidence", PAD)
     with pytest.raises(ValueError, match="tie_break"):
         mask_order([0, 1], None, "lexical")
+
+
+# ----------------------------------------------------------------------------- teacher
+def test_kl_sum_by_hand():
+    t = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])  # teacher: (1/4, 3/4), (1/2, 1/2)
+    s = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]]])  # policy: (1/2, 1/2), (3/4, 1/4)
+    kl0 = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    kl1 = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25)
+    assert float(kl_sum(t, s, torch.tensor([[True, False]]))) == pytest.approx(kl0, rel=1e-6)
+    assert float(kl_sum(t, s, torch.tensor([[True, True]]))) == pytest.approx(kl0 + kl1, rel=1e-6)
+
+
+def think_samples(seed=4, n=4):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        s = random_sample(rng, i)
+        s.think_len = rng.randint(0, len(s.response_ids))
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("score", ["think", "all"])
+def test_teacher_term_is_the_kl_on_masked_action_tokens(score):
+    """distill_loss with a teacher adds teacher_weight / 4 x the mean KL(teacher || policy) over the action
+    tokens (from think_len on) masked in each copy, counted here from the masks and per position."""
+    samples = think_samples()
+    model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=1)
+    cfg = DistillConfig(score=score, teacher_weight=0.7)
+    b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(3), score=score)
+    base, _ = distill_loss(model, b, cfg)
+    loss, st = distill_loss(model, b, cfg, teacher=teacher)
+    lg, lgc = distill_logits(model, b)
+    tg, tgc = distill_logits(teacher, b)
+    s0, tot, cnt = b.start, 0.0, 0
+    for i, smp in enumerate(samples):
+        p = len(smp.prompt_ids)
+        for j in range(p + min(smp.think_len, len(smp.response_ids)), p + len(smp.response_ids)):
+            for pol, tea, where in ((lg, tg, b.masked | b.hidden), (lgc, tgc, b.comp | b.hidden)):
+                if where[i, j]:
+                    pt, ps = tea[i, j - s0].softmax(-1), pol[i, j - s0].softmax(-1)
+                    tot, cnt = tot + float((pt * (pt / ps).log()).sum().detach()), cnt + 1
+    assert cnt > 0 and st["teacher_tokens"] == cnt
+    if score == "think":  # the action is masked in both copies
+        assert cnt == 2 * sum(len(s.response_ids) - min(s.think_len, len(s.response_ids)) for s in samples)
+    assert st["teacher_kl"] == pytest.approx(tot / cnt, rel=1e-4)
+    assert float((loss - base).detach()) == pytest.approx(0.7 * tot / cnt / 4, rel=1e-4)
+    same, st_same = distill_loss(model, b, cfg, teacher=copy.deepcopy(model))
+    assert st_same["teacher_kl"] == pytest.approx(0.0, abs=1e-6) and float(same) == pytest.approx(float(base))
+
+
+def test_teacher_step_micro_batching_and_off_switch():
+    """With a teacher the micro-batched gradient equals the one-batch gradient (global token count; H off, as
+    it is a per-micro-batch mean), and
+    teacher_weight 0 ignores a given teacher."""
+    samples = think_samples(5, 6)
+    teacher = tiny("sdar", seed=2)
+    grads, stats = [], []
+    for mb, w in ((6, 1.0), (2, 1.0), (6, 0.0)):
+        model = tiny("sdar")
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        cfg = DistillConfig(micro_batch=mb, batch_size=6, score="think", teacher_weight=w, entropy_coef=0.0)
+        stats.append(distill_step(model, opt, samples, cfg, 0.3, gen=torch.Generator().manual_seed(7), grad_clip=0.0,
+                                  teacher=teacher))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert stats[0]["teacher_kl"] == pytest.approx(stats[1]["teacher_kl"], rel=1e-5) and stats[0]["teacher_kl"] > 0
+    assert "teacher_kl" not in stats[2] and not torch.allclose(grads[0], grads[2])

@@ -124,9 +124,10 @@ def _assert_same_weights(a, b, atol):
 
 def test_killed_mid_stage_and_resumed_equals_uninterrupted(tmp_path):
     """A run killed abruptly (os._exit, no cleanup) inside SFT and again inside distill, then resumed
-    each time, ends with the same weights, metrics and eval results as an uninterrupted run."""
+    each time, ends with the same weights, metrics and eval results as an uninterrupted run. RL's KL
+    reference and distillation's teacher are on: the resumed distillation reads its teacher back from disk."""
     args = ["sft.steps=5", "rl.steps=2", "distill.steps=3", "train.save_every=2", "train.threads=1",
-            "eval.sweep=[1.0]"]
+            "eval.sweep=[1.0]", "rl.kl=k3", "distill.teacher_weight=1.0"]
     a, b = tmp_path / "a", tmp_path / "b"
     r = run(args, a)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -135,10 +136,11 @@ def test_killed_mid_stage_and_resumed_equals_uninterrupted(tmp_path):
         r = run(args, b)
         assert r.returncode == 75, r.stderr[-3000:]  # died after sft step 3; last checkpoint at step 2
         assert not (b / "results.json").exists()
-        os.environ["D3MINI_CRASH_AT"] = "distill:1"
+        os.environ["D3MINI_CRASH_AT"] = "distill:2"  # after distill's checkpoint at step 2
         r = run(args + ["--resume"], b)
         assert r.returncode == 75, r.stderr[-3000:]
         assert "resuming from" in r.stdout
+        assert (b / "frozen" / "rl").is_dir() and (b / "frozen" / "distill").is_dir()  # reference, teacher
     finally:
         del os.environ["D3MINI_CRASH_AT"]
     r = run(args + ["--resume"], b)
@@ -337,3 +339,28 @@ def test_rl_rollouts_decode_at_rl_threshold_else_decode_threshold():
     assert base.rl.threshold is None and d.threshold == base.decode.threshold == 1.0 and d.temperature == 0.7
     d = train.rl_decode(load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.threshold=0.9"]))
     assert d.threshold == 0.9 and d.temperature == 1.0 and d.block_size == 8
+
+
+def test_frozen_copy_is_written_at_the_stage_start_and_read_back_on_resume(tmp_path):
+    """The KL reference / distillation teacher: at a stage's first step a frozen copy of the model is saved;
+    a resumed stage gets those weights back (not the resumed model's), with RNG left to the resume; no copy
+    on disk is a clear error."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import train
+    from d3mini.config import load_config
+    from d3mini.model import CheckpointError, DiffusionLM
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [f"train.out_dir={tmp_path}", *SMOKE])
+    torch.manual_seed(0)
+    model = DiffusionLM.from_config(cfg.model)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = train.frozen_copy(cfg, model, "distill", None)
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # training moved the policy
+    back = train.frozen_copy(cfg, model, "distill", "ckpt/of/the/resume")
+    _assert_same_weights(back.state_dict(), start, atol=0)
+    assert not torch.equal(model.lm_head.weight, back.lm_head.weight)
+    with pytest.raises(CheckpointError, match="frozen/rl"):
+        train.frozen_copy(cfg, model, "rl", "ckpt/of/the/resume")
