@@ -202,6 +202,8 @@ class DistillConfig:
                                     # to its own part of the response)
     teacher_weight: float = 0.0     # KL(teacher || policy) on the masked action tokens, the teacher being the
                                     # policy frozen as the stage began (the RL model); 0 = no teacher
+    teacher_on: str = "action"      # action | response: the tokens the teacher term covers (response: the think
+                                    # text too, where the agent's decisions are written)
 
 
 @dataclass
@@ -273,6 +275,7 @@ _CHOICES = {
     "rl.estimator": ("auto", "ar", "sdar_block", "sdar_trace", "llada_mc", "llada_coupled", "mean_field"),
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
+    "distill.teacher_on": ("action", "response"),
     "rl.score": ("all", "action"),
     "rl.step_advantage": ("none", "mean", "mean_std"),
     "distill.expert_score": ("all", "action"),

@@ -31,8 +31,8 @@ masked positions of each copy (no 1/p weighting: the ratio is chosen, not a diff
 H the entropy of softmax(logits / entropy_temp) averaged over the noisy copy's masked positions
 whose argmax equals the target. With a teacher (distill.teacher_weight > 0: the policy frozen as
 the stage began) one more term, teacher_weight * KL(teacher || policy) / 4, averaged over the
-masked action tokens of both copies, holds the actions where the teacher had them while the
-think text sharpens.
+masked tokens of both copies (the action's, or with teacher_on "response" all of them), holds the
+policy's odds where the teacher had them while the CE and entropy terms sharpen it.
 """
 from __future__ import annotations
 
@@ -211,10 +211,17 @@ def distill_terms(lg, lgc, target, masked, comp, cfg: DistillConfig, n_mask: Opt
     return loss, st
 
 
-def teacher_positions(b: DistillBatch, complementary: bool = True) -> tuple:
-    """Where the teacher term applies: action tokens masked in the noisy / complementary copy ([B, n] each)."""
-    act = b.action if b.action is not None else torch.zeros_like(b.masked)
-    return act & (b.masked | b.hidden), (act & (b.comp | b.hidden)) if complementary else None
+def teacher_positions(b: DistillBatch, complementary: bool = True, on: str = "action") -> tuple:
+    """Where the teacher term applies, masked in the noisy / complementary copy ([B, n] each): the action
+    tokens (on "action") or every response token (on "response")."""
+    if on == "response":
+        pos = torch.arange(b.ids.shape[1], device=b.ids.device)
+        sel = (pos >= b.prompt_len[:, None]) & (pos < b.lengths[:, None])
+    elif on == "action":
+        sel = b.action if b.action is not None else torch.zeros_like(b.masked)
+    else:
+        raise ValueError(f"distill.teacher_on = {on!r}: must be action | response")
+    return sel & (b.masked | b.hidden), (sel & (b.comp | b.hidden)) if complementary else None
 
 
 def kl_sum(teacher_lg, lg, where) -> torch.Tensor:
@@ -226,16 +233,18 @@ def kl_sum(teacher_lg, lg, where) -> torch.Tensor:
 def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp=None, teacher=None,
                  n_teacher=None) -> tuple:
     """Pure loss of one batch (wrap it with autocast / FSDP as needed): (loss, stats).
-    teacher: a frozen model; adds teacher_weight * KL(teacher || model) on the masked action tokens of both
-    copies (their mean; n_teacher: the global count), so sharpening the think text leaves the actions as the
-    teacher would take them given the same context."""
+    teacher: a frozen model; adds teacher_weight * KL(teacher || model) on the masked tokens of both copies
+    that teacher_on names (their mean; n_teacher: the global count): the action tokens, so sharpening the
+    think text leaves the actions as the teacher would take them given the same context, or the whole
+    response, so the decisions the think text carries keep the teacher's odds while the CE and entropy
+    terms sharpen them."""
     lg, lgc = distill_logits(model, b, cfg.complementary)
     s = b.start
     loss, st = distill_terms(lg, lgc, b.ids[:, s:], b.masked[:, s:], b.comp[:, s:], cfg, n_mask, n_comp)
     if teacher is not None and cfg.teacher_weight > 0:
         with torch.no_grad():
             tlg, tlgc = distill_logits(teacher, b, cfg.complementary)
-        wn, wc = teacher_positions(b, cfg.complementary)
+        wn, wc = teacher_positions(b, cfg.complementary, cfg.teacher_on)
         kl = kl_sum(tlg, lg, wn[:, s:]) + (kl_sum(tlgc, lgc, wc[:, s:]) if lgc is not None else 0.0)
         count = float(wn.sum()) + (float(wc.sum()) if wc is not None else 0.0)
         kl = kl / (n_teacher or max(count, 1.0))
@@ -268,7 +277,8 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
     dev = next(model.parameters()).device
     b = build_batch(kept, mc.family, K, lo, cfg.r_max, cfg.tie_break, mc.pad_id, gen, dev, cfg.score)
     n_mask, n_comp = max(float(b.masked.sum()), 1.0), max(float(b.comp.sum()), 1.0)
-    n_teacher = max(sum(float(w.sum()) for w in teacher_positions(b, cfg.complementary) if w is not None), 1.0)
+    n_teacher = max(sum(float(w.sum()) for w in teacher_positions(b, cfg.complementary, cfg.teacher_on)
+                        if w is not None), 1.0)
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: only the adapters
     optimizer.zero_grad(set_to_none=True)
     tot: dict = {}

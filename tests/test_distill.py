@@ -325,13 +325,14 @@ def think_samples(seed=4, n=4):
     return out
 
 
-@pytest.mark.parametrize("score", ["think", "all"])
-def test_teacher_term_is_the_kl_on_masked_action_tokens(score):
+@pytest.mark.parametrize("score,on", [("think", "action"), ("all", "action"), ("think", "response")])
+def test_teacher_term_is_the_kl_on_masked_action_tokens(score, on):
     """distill_loss with a teacher adds teacher_weight / 4 x the mean KL(teacher || policy) over the action
-    tokens (from think_len on) masked in each copy, counted here from the masks and per position."""
+    tokens (from think_len on; teacher_on "response": all response tokens) masked in each copy, counted
+    here from the masks and per position."""
     samples = think_samples()
     model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=1)
-    cfg = DistillConfig(score=score, teacher_weight=0.7)
+    cfg = DistillConfig(score=score, teacher_weight=0.7, teacher_on=on)
     b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(3), score=score)
     base, _ = distill_loss(model, b, cfg)
     loss, st = distill_loss(model, b, cfg, teacher=teacher)
@@ -340,13 +341,16 @@ def test_teacher_term_is_the_kl_on_masked_action_tokens(score):
     s0, tot, cnt = b.start, 0.0, 0
     for i, smp in enumerate(samples):
         p = len(smp.prompt_ids)
-        for j in range(p + min(smp.think_len, len(smp.response_ids)), p + len(smp.response_ids)):
+        first = p if on == "response" else p + min(smp.think_len, len(smp.response_ids))
+        for j in range(first, p + len(smp.response_ids)):
             for pol, tea, where in ((lg, tg, b.masked | b.hidden), (lgc, tgc, b.comp | b.hidden)):
                 if where[i, j]:
                     pt, ps = tea[i, j - s0].softmax(-1), pol[i, j - s0].softmax(-1)
                     tot, cnt = tot + float((pt * (pt / ps).log()).sum().detach()), cnt + 1
     assert cnt > 0 and st["teacher_tokens"] == cnt
-    if score == "think":  # the action is masked in both copies
+    if on == "response":  # every response token is masked in one copy, the action (hidden) in both
+        assert cnt == sum(2 * len(s.response_ids) - min(s.think_len, len(s.response_ids)) for s in samples)
+    if (score, on) == ("think", "action"):  # the action is masked in both copies
         assert cnt == 2 * sum(len(s.response_ids) - min(s.think_len, len(s.response_ids)) for s in samples)
     assert st["teacher_kl"] == pytest.approx(tot / cnt, rel=1e-4)
     assert float((loss - base).detach()) == pytest.approx(0.7 * tot / cnt / 4, rel=1e-4)
