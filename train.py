@@ -425,7 +425,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.distill import distill_step, select_samples
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
-    teacher = frozen_copy(cfg, model, "distill", start) if cfg.distill.teacher_weight > 0 else None
+    need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0
+    teacher = frozen_copy(cfg, model, "distill", start) if need else None
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
     dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)

@@ -204,6 +204,8 @@ class DistillConfig:
                                     # policy frozen as the stage began (the RL model); 0 = no teacher
     teacher_on: str = "action"      # action | response: the tokens the teacher term covers (response: the think
                                     # text too, where the agent's decisions are written)
+    teacher_gate: float = 0.0       # sharpen (CE, CE_comp, H) only tokens whose teacher top probability is at
+                                    # least this; the teacher's KL covers the others; 0 = sharpen every token
 
 
 @dataclass
@@ -292,7 +294,7 @@ _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
            "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight"]
-_UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio"]
+_UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
 
 
 def _check_values(cfg: Config, src: str) -> None:

@@ -32,7 +32,9 @@ H the entropy of softmax(logits / entropy_temp) averaged over the noisy copy's m
 whose argmax equals the target. With a teacher (distill.teacher_weight > 0: the policy frozen as
 the stage began) one more term, teacher_weight * KL(teacher || policy) / 4, averaged over the
 masked tokens of both copies (the action's, or with teacher_on "response" all of them), holds the
-policy's odds where the teacher had them while the CE and entropy terms sharpen it.
+policy's odds where the teacher had them while the CE and entropy terms sharpen it. With
+distill.teacher_gate the CE and entropy terms sharpen only the tokens the teacher is already sure
+of (top probability >= the gate); the KL then covers the rest.
 """
 from __future__ import annotations
 
@@ -233,24 +235,45 @@ def kl_sum(teacher_lg, lg, where) -> torch.Tensor:
 def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp=None, teacher=None,
                  n_teacher=None) -> tuple:
     """Pure loss of one batch (wrap it with autocast / FSDP as needed): (loss, stats).
-    teacher: a frozen model; adds teacher_weight * KL(teacher || model) on the masked tokens of both copies
-    that teacher_on names (their mean; n_teacher: the global count): the action tokens, so sharpening the
-    think text leaves the actions as the teacher would take them given the same context, or the whole
-    response, so the decisions the think text carries keep the teacher's odds while the CE and entropy
-    terms sharpen them."""
+    teacher: a frozen model, used when distill.teacher_weight or teacher_gate is set.
+    - teacher_gate g: a scored position where the teacher's top probability is below g is not sharpened
+      (left out of CE, CE_comp and H): a token whose value hangs on a choice not yet made (a decision word,
+      or a word after a still-masked one) keeps the teacher's odds instead of being pushed to commit early.
+    - teacher_weight: adds teacher_weight * KL(teacher || model) / 4 over the masked tokens that teacher_on
+      names (the action's or the whole response's; with a gate, less the tokens it lets the CE sharpen),
+      summed and divided by the count of all of them (n_teacher: the global count), so micro-batches add up."""
     lg, lgc = distill_logits(model, b, cfg.complementary)
     s = b.start
-    loss, st = distill_terms(lg, lgc, b.ids[:, s:], b.masked[:, s:], b.comp[:, s:], cfg, n_mask, n_comp)
-    if teacher is not None and cfg.teacher_weight > 0:
+    masked, comp = b.masked[:, s:], b.comp[:, s:]
+    # a gated token counts in the CE means (as zero): the normalisers are the ungated counts
+    n_mask, n_comp = n_mask or max(float(masked.sum()), 1.0), n_comp or max(float(comp.sum()), 1.0)
+    extra, st_t = None, {}
+    if teacher is not None and (cfg.teacher_weight > 0 or cfg.teacher_gate > 0):
         with torch.no_grad():
             tlg, tlgc = distill_logits(teacher, b, cfg.complementary)
-        wn, wc = teacher_positions(b, cfg.complementary, cfg.teacher_on)
-        kl = kl_sum(tlg, lg, wn[:, s:]) + (kl_sum(tlgc, lgc, wc[:, s:]) if lgc is not None else 0.0)
-        count = float(wn.sum()) + (float(wc.sum()) if wc is not None else 0.0)
-        kl = kl / (n_teacher or max(count, 1.0))
-        loss = loss + cfg.teacher_weight * kl / 4
-        st.update({"teacher_kl": float(kl.detach()), "teacher_tokens": count})
-    return loss, st
+        if cfg.teacher_gate > 0:
+            sure = tlg.float().softmax(-1).amax(-1) >= cfg.teacher_gate
+            unsure = masked & ~sure
+            masked = masked & sure
+            if lgc is not None:
+                sure_c = tlgc.float().softmax(-1).amax(-1) >= cfg.teacher_gate
+                unsure = unsure.sum() + (comp & ~sure_c).sum()  # counted before comp is gated
+                comp = comp & sure_c
+            st_t["teacher_unsure"] = float(unsure.sum())
+        if cfg.teacher_weight > 0:
+            wn, wc = teacher_positions(b, cfg.complementary, cfg.teacher_on)
+            count = float(wn.sum()) + (float(wc.sum()) if wc is not None else 0.0)
+            wn, wc = wn[:, s:], wc[:, s:] if wc is not None else None
+            if cfg.teacher_gate > 0:  # the sharpened tokens answer to the CE alone
+                wn, wc = wn & ~masked, wc & ~comp if wc is not None else None
+            kl = kl_sum(tlg, lg, wn) + (kl_sum(tlgc, lgc, wc) if lgc is not None else 0.0)
+            kl = kl / (n_teacher or max(count, 1.0))
+            extra = cfg.teacher_weight * kl / 4
+            st_t.update({"teacher_kl": float(kl.detach()), "teacher_tokens": count})
+    loss, st = distill_terms(lg, lgc, b.ids[:, s:], masked, comp, cfg, n_mask, n_comp)
+    if extra is not None:
+        loss = loss + extra
+    return loss, {**st, **st_t}
 
 
 # ----------------------------------------------------------------------------- step
@@ -304,8 +327,7 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
               "mask_ratio": tot["masked"] / max(elig, 1.0), "masked_tokens": tot["masked"],
               "block_size": K, "samples_used": len(kept), "grad_norm": gnorm,
               "resp_len": sum(len(s.response_ids) for s in kept) / len(kept)})
-    if "teacher_kl" in tot:
-        m.update({"teacher_kl": tot["teacher_kl"], "teacher_tokens": tot["teacher_tokens"]})
+    m.update({k: tot[k] for k in ("teacher_kl", "teacher_tokens", "teacher_unsure") if k in tot})
     if reg is not None:
         m["expert_loss"] = float(reg.detach())
     return m

@@ -375,3 +375,32 @@ def test_teacher_step_micro_batching_and_off_switch():
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
     assert stats[0]["teacher_kl"] == pytest.approx(stats[1]["teacher_kl"], rel=1e-5) and stats[0]["teacher_kl"] > 0
     assert "teacher_kl" not in stats[2] and not torch.allclose(grads[0], grads[2])
+
+
+def test_teacher_gate_sharpens_only_what_the_teacher_is_sure_of():
+    """teacher_gate g: scored tokens whose teacher top probability is below g leave the CE / entropy terms
+    (still counted in their means) and join the KL; the others are sharpened and not KL'd. Checked per position
+    from the teacher's probabilities against distill_terms on hand-gated masks."""
+    samples = think_samples(6, 5)
+    model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=3)
+    b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(2), score="think")
+    lg, lgc = distill_logits(model, b)
+    tg, tgc = distill_logits(teacher, b)
+    s0 = b.start
+    top, top_c = tg.softmax(-1).amax(-1), tgc.softmax(-1).amax(-1)
+    g = float(torch.cat([top[b.masked[:, s0:]], top_c[b.comp[:, s0:]]]).median())  # gates about half
+    cfg = DistillConfig(score="think", teacher_weight=0.5, teacher_on="response", teacher_gate=g)
+    loss, st = distill_loss(model, b, cfg, teacher=teacher)
+    m, c = b.masked[:, s0:] & (top >= g), b.comp[:, s0:] & (top_c >= g)
+    assert 0 < int(m.sum() + c.sum()) < int(b.masked.sum() + b.comp.sum())
+    assert st["teacher_unsure"] == float((b.masked[:, s0:] & (top < g)).sum() + (b.comp[:, s0:] & (top_c < g)).sum())
+    sharp, _ = distill_terms(lg, lgc, b.ids[:, s0:], m, c, cfg, float(b.masked.sum()), float(b.comp.sum()))
+    resp = torch.zeros_like(b.masked)
+    for i, smp in enumerate(samples):
+        resp[i, len(smp.prompt_ids):len(smp.prompt_ids) + len(smp.response_ids)] = True
+    wn, wc = (resp & (b.masked | b.hidden))[:, s0:], (resp & (b.comp | b.hidden))[:, s0:]
+    kl = (kl_sum(tg, lg, wn & ~m) + kl_sum(tgc, lgc, wc & ~c)) / float(wn.sum() + wc.sum())
+    assert float(loss.detach()) == pytest.approx(float((sharp + 0.5 * kl / 4).detach()), rel=1e-5)
+    assert st["teacher_kl"] == pytest.approx(float(kl.detach()), rel=1e-5)
+    everything, _ = distill_loss(model, b, DistillConfig(score="think", teacher_gate=1.0), teacher=teacher)
+    assert float(everything.detach()) == pytest.approx(0.0, abs=1e-7)  # no teacher is ever sure at 1.0: no CE, no KL
