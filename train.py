@@ -372,11 +372,12 @@ def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step):
     (key, step), so a resumed run draws the same tasks."""
     rng = random.Random(cfg.train.seed * key + step)
     tasks = [ids[rng.randrange(len(ids))] for _ in range(n_tasks)]
+    was = model.training
     model.eval()
     with torch.no_grad(), autocast(cfg):
         out = rollout(model, tok, cfg.env, dcfg, tasks, group_size=group_size,
                       seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
-    model.train()
+    model.train(was)
     return out
 
 
@@ -425,8 +426,9 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.distill import distill_step, select_samples
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
-    need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0
+    need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0 or cfg.distill.rollouts == "teacher"
     teacher = frozen_copy(cfg, model, "distill", start) if need else None
+    actor = teacher if cfg.distill.rollouts == "teacher" else model  # whose decodes are the targets
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
     dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)
@@ -436,7 +438,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     while step < cfg.distill.steps:
         t0 = time.time()
         if not samples or step % cfg.distill.rollouts_every == 0:
-            samples, rm = policy_rollout(cfg, model, tok, dcfg, ids, cfg.distill.tasks_per_step,
+            samples, rm = policy_rollout(cfg, actor, tok, dcfg, ids, cfg.distill.tasks_per_step,
                                          cfg.distill.group_size, 104729, step)
         mine = samples[info.rank::info.world]
         if info.world > 1 and dist.all_reduce_sum(float(not select_samples(mine, cfg.distill))) > 0:

@@ -364,3 +364,22 @@ def test_frozen_copy_is_written_at_the_stage_start_and_read_back_on_resume(tmp_p
     assert not torch.equal(model.lm_head.weight, back.lm_head.weight)
     with pytest.raises(CheckpointError, match="frozen/rl"):
         train.frozen_copy(cfg, model, "rl", "ckpt/of/the/resume")
+
+
+def test_distill_rollouts_from_the_frozen_teacher(tmp_path):
+    """distill.rollouts=teacher: the targets are decoded by the model as distillation began, so a run whose
+    policy moves (lr 1.0, far) rolls out exactly what a run whose policy stays put (lr 0) rolls out."""
+    args = ["train.stages=[sft,distill]", "sft.steps=2", "distill.steps=3", "train.threads=1", "eval.num_tasks=1",
+            "eval.sweep=[1.0]", "eval.thresholds=[1.0]", "distill.only_success=false", "distill.only_valid=false",
+            "distill.expert_batch=0", "distill.rollouts=teacher"]
+    moved, still = tmp_path / "moved", tmp_path / "still"
+    for out, lr in ((moved, "1.0"), (still, "0.0")):
+        r = run(args + [f"distill.lr={lr}"], out)
+        assert r.returncode == 0, r.stderr[-3000:]
+    ra, rb = _records(moved), _records(still)
+    keys = [k for k in ra if k[0] == "distill"]
+    assert len(keys) == 3 and all(ra[k]["skipped"] == 0.0 for k in keys)
+    for k in keys:
+        assert {x: v for x, v in ra[k].items() if x.startswith("rollout/") or x == "samples_in"} == \
+               {x: v for x, v in rb[k].items() if x.startswith("rollout/") or x == "samples_in"}
+    assert ra[keys[-1]]["loss"] != rb[keys[-1]]["loss"]  # the policy did move
