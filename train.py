@@ -386,7 +386,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
     ids = policy_task_ids(cfg, cfg.rl.goals, "rl.goals")
     opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
     # explicit-KL baseline: the reference is the policy frozen as RL began
-    ref = frozen_copy(cfg, model, "rl", start) if cfg.rl.kl != "none" else None
+    ref = frozen_copy(cfg, model, tok, info, "rl", start) if cfg.rl.kl != "none" else None
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.rl.steps, step, "rl", info)
     dcfg = rl_decode(cfg)
@@ -427,7 +427,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
     need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0 or cfg.distill.rollouts == "teacher"
-    teacher = frozen_copy(cfg, model, "distill", start) if need else None
+    teacher = frozen_copy(cfg, model, tok, info, "distill", start) if need else None
     actor = teacher if cfg.distill.rollouts == "teacher" else model  # whose decodes are the targets
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
@@ -570,22 +570,22 @@ def crash_point(stage: str, step: int):
         os._exit(75)
 
 
-def frozen_copy(cfg, model, stage: str, start):
+def frozen_copy(cfg, model, tok, info, stage: str, start):
     """The model frozen as `stage` began (RL's KL reference, distillation's teacher). Written once to
-    out_dir/frozen/<stage> when the stage starts, and read back from there when the stage resumes, so a
-    resumed run keeps the same one. Call it before resume_into: loading restores the RNG state too."""
-    import copy
+    out_dir/frozen/<stage> when the stage starts and read back into a second model built like the first
+    (FSDP modules cannot be deep-copied), also when the stage resumes, so a resumed run keeps the same one.
+    Call it before resume_into: loading restores the RNG state too (here: the one the save recorded, so
+    build_model's seeding leaves no trace)."""
     path = os.path.join(cfg.train.out_dir, "frozen", stage)
-    ref = copy.deepcopy(model)
     if start is None:
-        dist.save(path, 0, ref, keep=1)
+        dist.save(path, 0, model, keep=1)
     elif not os.path.isdir(path):
         raise dist.CheckpointError(f"resuming {stage} needs the model frozen as the stage began, written to {path} "
                                    f"when it started; it is missing (a run from an older version?). Start the "
                                    f"stage over from its first step's checkpoint, or set the option that needs it "
                                    f"to its off value")
-    else:
-        dist.load(path, ref)
+    ref = build_model(cfg, tok, info)
+    dist.load(path, ref)
     return ref.eval().requires_grad_(False)
 
 

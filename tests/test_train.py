@@ -162,7 +162,7 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
     coordinate, so a gradient entry near 1e-9 whose 7th digit differs (another matmul blocking for
     the half batch) moves by up to ~1e-6 although every loss and norm agrees to 1e-7."""
     args = ["train.stages=[sft,rl]", "sft.steps=2", "rl.steps=1", "train.threads=1", "eval.num_tasks=1",
-            "train.dtype=float32",
+            "train.dtype=float32", "rl.kl=k3",  # the frozen reference: a copy of the sharded model, saved
             "eval.sweep=[1.0]", "eval.thresholds=[1.0]"]
     one, two = tmp_path / "one", tmp_path / "two"
     r = run(args, one)
@@ -350,20 +350,32 @@ def test_frozen_copy_is_written_at_the_stage_start_and_read_back_on_resume(tmp_p
     import train
     from d3mini.config import load_config
     from d3mini.model import CheckpointError, DiffusionLM
+    from types import SimpleNamespace
+
+    from d3mini import dist
     cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [f"train.out_dir={tmp_path}", *SMOKE])
-    torch.manual_seed(0)
-    model = DiffusionLM.from_config(cfg.model)
+    mc = cfg.model
+    tok = SimpleNamespace(vocab_size=mc.vocab_size, mask_id=mc.vocab_size - 1, pad_id=0, stop_ids=[1], bos_id=None)
+    info = dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
+    torch.manual_seed(5)
+    model = train.build_model(cfg, tok, info)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))  # not what build_model's seed gives
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    ref = train.frozen_copy(cfg, model, "distill", None)
+    rng = torch.get_rng_state()
+    ref = train.frozen_copy(cfg, model, tok, info, "distill", None)
+    assert torch.equal(torch.get_rng_state(), rng)  # building the copy reseeds; loading it puts the RNG back
+    _assert_same_weights(ref.state_dict(), start, atol=0)
     assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # training moved the policy
-    back = train.frozen_copy(cfg, model, "distill", "ckpt/of/the/resume")
+    back = train.frozen_copy(cfg, model, tok, info, "distill", "ckpt/of/the/resume")
     _assert_same_weights(back.state_dict(), start, atol=0)
     assert not torch.equal(model.lm_head.weight, back.lm_head.weight)
     with pytest.raises(CheckpointError, match="frozen/rl"):
-        train.frozen_copy(cfg, model, "rl", "ckpt/of/the/resume")
+        train.frozen_copy(cfg, model, tok, info, "rl", "ckpt/of/the/resume")
 
 
 def test_distill_rollouts_from_the_frozen_teacher(tmp_path):
