@@ -355,7 +355,7 @@ def test_teacher_term_is_the_kl_on_masked_action_tokens(score, on):
     assert st["teacher_kl"] == pytest.approx(tot / cnt, rel=1e-4)
     assert float((loss - base).detach()) == pytest.approx(0.7 * tot / cnt / 4, rel=1e-4)
     same, st_same = distill_loss(model, b, cfg, teacher=copy.deepcopy(model))
-    assert st_same["teacher_kl"] == pytest.approx(0.0, abs=1e-6) and float(same) == pytest.approx(float(base))
+    assert st_same["teacher_kl"] == pytest.approx(0.0, abs=1e-6) and float(same.detach()) == pytest.approx(float(base.detach()))
 
 
 def test_teacher_step_micro_batching_and_off_switch():
