@@ -388,7 +388,7 @@ def test_teacher_gate_sharpens_only_what_the_teacher_is_sure_of():
     tg, tgc = distill_logits(teacher, b)
     s0 = b.start
     top, top_c = tg.softmax(-1).amax(-1), tgc.softmax(-1).amax(-1)
-    g = float(torch.cat([top[b.masked[:, s0:]], top_c[b.comp[:, s0:]]]).median())  # gates about half
+    g = float(torch.cat([top[b.masked[:, s0:]], top_c[b.comp[:, s0:]]]).median().detach())  # gates about half
     cfg = DistillConfig(score="think", teacher_weight=0.5, teacher_on="response", teacher_gate=g)
     loss, st = distill_loss(model, b, cfg, teacher=teacher)
     m, c = b.masked[:, s0:] & (top >= g), b.comp[:, s0:] & (top_c >= g)
