@@ -740,6 +740,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, FloatingPointError) as e:
+    except (ConfigError, FloatingPointError, dist.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

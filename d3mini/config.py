@@ -200,8 +200,8 @@ class DistillConfig:
     expert_score: str = "all"       # all | action: what the replay trains; action = from the <action> tag on, the
                                     # expert's think text then clean context (with score: think, each loss keeps
                                     # to its own part of the response)
-    teacher_weight: float = 0.0     # KL(teacher || policy) on the masked action tokens, the teacher being the
-                                    # policy frozen as the stage began (the RL model); 0 = no teacher
+    teacher_weight: float = 0.0     # KL(teacher || policy) on the masked tokens teacher_on names, the teacher being
+                                    # the policy frozen as the stage began (the RL model); 0 = no KL term
     teacher_on: str = "action"      # action | response: the tokens the teacher term covers (response: the think
                                     # text too, where the agent's decisions are written)
     rollouts: str = "policy"        # policy | teacher: whose decodes are the targets: the policy being distilled

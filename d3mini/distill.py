@@ -253,13 +253,12 @@ def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp
             tlg, tlgc = distill_logits(teacher, b, cfg.complementary)
         if cfg.teacher_gate > 0:
             sure = tlg.float().softmax(-1).amax(-1) >= cfg.teacher_gate
-            unsure = masked & ~sure
+            st_t["teacher_unsure"] = float((masked & ~sure).sum())
             masked = masked & sure
             if lgc is not None:
                 sure_c = tlgc.float().softmax(-1).amax(-1) >= cfg.teacher_gate
-                unsure = unsure.sum() + (comp & ~sure_c).sum()  # counted before comp is gated
+                st_t["teacher_unsure"] += float((comp & ~sure_c).sum())
                 comp = comp & sure_c
-            st_t["teacher_unsure"] = float(unsure.sum())
         if cfg.teacher_weight > 0:
             wn, wc = teacher_positions(b, cfg.complementary, cfg.teacher_on)
             count = float(wn.sum()) + (float(wc.sum()) if wc is not None else 0.0)

@@ -304,7 +304,7 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     model = train.build_model(cfg, tok, info)
     expert, _ = train.expert_samples(cfg, tok)
     assert len({x.episode_id for x in expert}) == cfg.sft.episodes
-    a, b, c = (train.expert_replay(cfg, model, expert, info, s)() for s in (3, 3, 4))
+    a, b, c = (train.expert_replay(cfg, model, expert, info, s)().detach() for s in (3, 3, 4))
     assert float(a) == float(b) > 0 and float(a) != float(c)
     rng = random.Random(cfg.train.seed * 7919 + 3)
     batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
@@ -346,13 +346,13 @@ def test_frozen_copy_is_written_at_the_stage_start_and_read_back_on_resume(tmp_p
     a resumed stage gets those weights back (not the resumed model's), with RNG left to the resume; no copy
     on disk is a clear error."""
     sys.path.insert(0, ROOT)
-    import torch
-    import train
-    from d3mini.config import load_config
-    from d3mini.model import CheckpointError, DiffusionLM
     from types import SimpleNamespace
 
+    import torch
+    import train
     from d3mini import dist
+    from d3mini.config import load_config
+    from d3mini.model import CheckpointError
     cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [f"train.out_dir={tmp_path}", *SMOKE])
     mc = cfg.model
     tok = SimpleNamespace(vocab_size=mc.vocab_size, mask_id=mc.vocab_size - 1, pad_id=0, stop_ids=[1], bos_id=None)
