@@ -304,7 +304,7 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     model = train.build_model(cfg, tok, info)
     expert, _ = train.expert_samples(cfg, tok)
     assert len({x.episode_id for x in expert}) == cfg.sft.episodes
-    a, b, c = (train.expert_replay(cfg, model, expert, info, s)().detach() for s in (3, 3, 4))
+    a, b, c = (train.expert_replay(cfg, model, expert, info, s)() for s in (3, 3, 4))
     assert float(a) == float(b) > 0 and float(a) != float(c)
     rng = random.Random(cfg.train.seed * 7919 + 3)
     batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
