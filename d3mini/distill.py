@@ -299,8 +299,10 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
     dev = next(model.parameters()).device
     b = build_batch(kept, mc.family, K, lo, cfg.r_max, cfg.tie_break, mc.pad_id, gen, dev, cfg.score)
     n_mask, n_comp = max(float(b.masked.sum()), 1.0), max(float(b.comp.sum()), 1.0)
-    n_teacher = max(sum(float(w.sum()) for w in teacher_positions(b, cfg.complementary, cfg.teacher_on)
-                        if w is not None), 1.0)
+    n_teacher = None
+    if teacher is not None and cfg.teacher_weight > 0:
+        n_teacher = max(sum(float(w.sum()) for w in teacher_positions(b, cfg.complementary, cfg.teacher_on)
+                            if w is not None), 1.0)
     params = [p for p in model.parameters() if p.requires_grad]  # LoRA: only the adapters
     optimizer.zero_grad(set_to_none=True)
     tot: dict = {}
