@@ -56,7 +56,8 @@ class ModelConfig:
 class DecodeConfig:
     block_size: int = 4             # decode block (must equal the SDAR model's block_size; 1 = AR)
     steps_per_block: int = 0        # denoising steps per block; 0 = block_size (one token per step at tau 1)
-    rule: str = "threshold"         # threshold (low_confidence_dynamic) | static (top-k schedule)
+    rule: str = "threshold"         # threshold (low_confidence_dynamic) | static (top-k schedule) | prefix
+                                    #   (threshold, but only the left-contiguous run of p > tau commits)
     order: str = "confidence"       # which masks the forced top-k picks take: confidence | left (leftmost first)
     threshold: float = 0.95         # tau: commit every masked token with confidence > tau
     temperature: float = 0.0        # 0 = greedy argmax
@@ -262,7 +263,7 @@ _CHOICES = {
     "model.family": ("sdar", "qwen3", "llada"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_impl": ("sdpa", "flash"),
-    "decode.rule": ("threshold", "static"),
+    "decode.rule": ("threshold", "static", "prefix"),
     "decode.order": ("confidence", "left"),
     "env.name": ("webshop", "search", "alfworld"),
     "env.prompt": ("verl", "compact"),

@@ -96,14 +96,22 @@ def _select(masked, p, k, tau, rule: str, order: str = "confidence"):
     lower index first), so `rank < k` picks min(k, masks left) masked tokens: SDAR's top-k with the
     clamp fix; `p > tau` on top of it is exactly the low_confidence_dynamic rule (models.md §3.5).
     order "left" ranks the masked tokens by position instead: the k forced picks are the leftmost
-    masks (at tau 1 the block is decoded left to right, one token per forward)."""
+    masks (at tau 1 the block is decoded left to right, one token per forward). Rule "prefix" is the
+    threshold rule held to the left: the k leftmost masks, then each next mask only while p > tau, so
+    a token never commits while a mask is left before it in its block (the committed text of a block
+    is always a prefix of it)."""
     i = torch.arange(p.shape[1], device=p.device)
+    if rule == "prefix":
+        order = "left"
     key = -i.to(p.dtype).expand_as(p) if order == "left" else p
     c = key.masked_fill(~masked, -float(p.shape[1] + 1))  # [B, K]; unmasked tokens rank last
     ahead = (c[:, None, :] > c[:, :, None]) | ((c[:, None, :] == c[:, :, None]) & (i[None, :] < i[:, None]))
     sel = masked & (ahead.sum(-1) < k)  # ahead [B, Kj, Ki]: token i ranks before token j
     if rule == "threshold":
         sel = sel | (masked & (p > tau))
+    elif rule == "prefix":  # only the run of p > tau that starts at the forced leftmost picks
+        ok = ~masked | sel | (p > tau)
+        sel = masked & (ok.long().cumprod(1) > 0)
     return sel
 
 
@@ -299,7 +307,7 @@ def _generate_llada(model, prompts, cfg: DecodeConfig, stop: set, dev, gen) -> d
     eye = torch.eye(L, dtype=torch.bool, device=dev)
     dtype = next(model.parameters()).dtype
     cache = KVCache(mc, B, L, dtype=dtype, device=dev) if cfg.llada_prefix_cache else None
-    if cfg.rule == "threshold":  # Fast-dLLM: top-1 plus every p > tau, until the block is done
+    if cfg.rule in ("threshold", "prefix"):  # Fast-dLLM: top-1 plus every p > tau, until the block is done
         ks = [1] * K
     else:
         ks = _schedule(K, cfg.steps_per_block or K)
@@ -351,8 +359,8 @@ def generate(model, prompts: list, cfg: DecodeConfig, tokenizer=None) -> DecodeR
     bad = [t for p in prompts for t in p if not 0 <= int(t) < mc.vocab_size]
     if bad:
         raise ValueError(f"generate: prompt token id {bad[0]} outside the vocabulary [0, {mc.vocab_size})")
-    if cfg.rule not in ("threshold", "static"):
-        raise ValueError(f"decode.rule = {cfg.rule!r}: must be threshold or static")
+    if cfg.rule not in ("threshold", "static", "prefix"):
+        raise ValueError(f"decode.rule = {cfg.rule!r}: must be threshold, static or prefix")
     if cfg.order not in ("confidence", "left"):
         raise ValueError(f"decode.order = {cfg.order!r}: must be confidence or left")
     steps = cfg.steps_per_block or cfg.block_size

@@ -4,6 +4,7 @@ import inspect
 import math
 import os
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -61,7 +62,8 @@ def cut(seq, stop):
 def naive_sdar(model, prompt, K, steps, tau, rule, G, stop, order="confidence"):
     """Official block_diffusion_generate (models.md §3.2) without any cache: the whole canvas is
     recomputed with the block-causal mask every step; k clamped to the masks left (§10 fix).
-    order "left": the k forced picks are the leftmost masks, plus (threshold rule) every p > tau."""
+    order "left": the k forced picks are the leftmost masks, plus (threshold rule) every p > tau.
+    rule "prefix": the k leftmost masks, then the masks after them, left to right, while p > tau."""
     P = len(prompt)
     L = math.ceil((P + G) / K) * K
     x = torch.full((1, L), MASK)
@@ -82,7 +84,14 @@ def naive_sdar(model, prompt, K, steps, tau, rule, G, stop, order="confidence"):
             c = torch.where(m, p, torch.tensor(-math.inf, dtype=p.dtype))
             sel = torch.zeros(K, dtype=torch.bool)
             above = m & (p > tau)
-            if order == "left":
+            if rule == "prefix":  # the k leftmost masks, then each next mask while it is above tau
+                sel[m.nonzero()[:k, 0]] = True
+                for j in range(K):
+                    if m[j] and not sel[j]:
+                        if not above[j]:
+                            break
+                        sel[j] = True
+            elif order == "left":
                 sel[m.nonzero()[:k, 0]] = True
                 sel |= above if rule == "threshold" else sel
             elif rule == "threshold" and int(above.sum()) >= k:
@@ -110,7 +119,7 @@ def naive_llada(model, prompt, K, steps, tau, rule, G, stop):
     trace, nfe = [-1] * (P + G), 0
     for b in range(G // K):
         lo, hi = P + b * K, P + (b + 1) * K
-        sched = [1] * K if rule == "threshold" else [K // steps + (s < K % steps) for s in range(steps)]
+        sched = [1] * K if rule in ("threshold", "prefix") else [K // steps + (s < K % steps) for s in range(steps)]
         for k in sched:
             if not todo[lo:hi].any():
                 break
@@ -119,7 +128,13 @@ def naive_llada(model, prompt, K, steps, tau, rule, G, stop):
             c = torch.where(todo, p, torch.tensor(-math.inf, dtype=p.dtype))
             c[:lo], c[hi:] = -math.inf, -math.inf
             sel = torch.zeros(P + G, dtype=torch.bool)
-            sel[torch.topk(c, min(k, int(todo[lo:hi].sum()))).indices] = True
+            if rule == "prefix":  # the leftmost mask, then the next ones while above tau
+                for j in todo[lo:hi].nonzero()[:, 0].tolist():
+                    if sel[lo:hi].any() and not c[lo + j] > tau:
+                        break
+                    sel[lo + j] = True
+            else:
+                sel[torch.topk(c, min(k, int(todo[lo:hi].sum()))).indices] = True
             if rule == "threshold":
                 sel |= c > tau
             for j in sel.nonzero()[:, 0].tolist():
@@ -249,6 +264,34 @@ def test_left_order_matches_naive_and_decodes_left_to_right_at_tau_one(tau):
         generate(m, prompts, DecodeConfig(block_size=4, order="random"))
 
 
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_prefix_rule_matches_naive_and_commits_left_to_right(family):
+    """rule "prefix": the committed part of a block is always a prefix of it (a token never commits
+    while a mask is left before it), so within a block the trace never decreases along positions."""
+    m = tiny_model(family, 4, eos_bias=0.3)
+    prompts = rand_prompts([5, 11, 3, 16], seed=2)
+    naive = naive_sdar if family == "sdar" else naive_llada
+    differs = False
+    for tau in (0.9, 0.5, 0.2):
+        cfg = DecodeConfig(block_size=4, threshold=tau, max_new_tokens=20 if family == "sdar" else 16,
+                           rule="prefix")
+        r = generate(m, prompts, cfg)
+        thr = generate(m, prompts, replace(cfg, rule="threshold", order="left"))
+        differs |= r.trace != thr.trace  # the rule changes the decode
+        if tau == 0.2:
+            assert r.totals()["tpf_denoise"] > 1.5  # still parallel: runs of confident tokens commit together
+        for i, pr in enumerate(prompts):
+            toks, trace = naive(m, pr, 4, 4, tau, "prefix", cfg.max_new_tokens, STOP)[:2]
+            assert r.tokens[i] == toks and r.trace[i] == trace
+            off = (-len(pr)) % 4 if family == "sdar" else 0  # where the first full response block starts
+            blocks = [r.trace[i][:off]] + [r.trace[i][j:j + 4] for j in range(off, len(trace), 4)]
+            assert all(b == sorted(b) for b in blocks)
+    assert differs
+    at_one = dict(block_size=4, threshold=1.0, max_new_tokens=16)  # tau 1: both decode left to right
+    assert (generate(m, prompts, DecodeConfig(rule="prefix", **at_one)).tokens
+            == generate(m, prompts, DecodeConfig(order="left", **at_one)).tokens)
+
+
 def test_tau_one_commits_one_token_per_forward_and_trace_consistency():
     m = tiny_model("sdar", 4)
     prompts = rand_prompts([4, 7, 12], seed=3)  # P + G multiple of K for row 0: every token is kept
@@ -292,6 +335,13 @@ def test_select_rule_equals_official_and_is_monotone_in_tau():
             if prev is not None:
                 assert (prev <= sel).all()  # lower tau never commits fewer tokens
             prev = sel
+        for tau in (0.9, 0.3):  # prefix: the k leftmost masks, then each next mask while p > tau
+            ref = torch.zeros(K, dtype=torch.bool)
+            for n_sel, j in enumerate(masked[0].nonzero()[:, 0].tolist()):
+                if n_sel >= k and not p[0, j] > tau:
+                    break
+                ref[j] = True
+            assert torch.equal(_select(masked, p, torch.tensor(k), torch.tensor(tau), "prefix")[0], ref)
         static = _select(masked, p, torch.tensor(k), torch.tensor(0.0), "static")[0]
         assert int(static.sum()) == min(k, int(masked.sum()))
     assert _schedule(4, 4) == [1, 1, 1, 1] and _schedule(8, 3) == [3, 3, 2]
