@@ -1,12 +1,14 @@
 """Where does the decoder hesitate? Tokens committed below tau ("forced picks": the decoder's one
 forced commit per forward when nothing is confident) split by response region, think text vs action.
 
-    python bench/forced_picks.py runs/tiny/ckpt/step_00100020 [--tasks 60] [--tau 0.95]
+    python bench/forced_picks.py runs/tiny/ckpt/step_00100020 [--tasks 60] [--tau 0.95] [--rule prefix] [--show 8]
 
 The checkpoint is a training checkpoint (its run's config.yaml and tokenizer are used); held-out
 test tasks, greedy. Region of a token: "think" before the token that opens the response's `<action>` tag
 (StepSample.think_len, the cut distill.score / rl.score use), "action" up to `</action>`, "after" past it.
-Then the first invalid action of each episode, by the env's action kind.
+Then the first invalid action of each episode, by the env's action kind. `--show N` prints the first N
+responses token by token, each token followed by the index of the forward that committed it (`*`: a forced
+pick) and `||` where a decode block starts, i.e. where a step's forwards go.
 """
 from __future__ import annotations
 
@@ -31,14 +33,16 @@ def main():
     ap.add_argument("--tasks", type=int, default=60)
     ap.add_argument("--tau", type=float, default=0.95)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rule", default=None, help="decode.rule (default: the run's)")
+    ap.add_argument("--show", type=int, default=0, help="print this many responses with their forwards")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(os.path.join(ev.run_dir_of(args.ckpt), "config.yaml"))
     model, tok = ev.load_training_checkpoint(args.ckpt, cfg)
     ids = env_module(cfg.env.name).task_ids(cfg.env, "test")[:args.tasks]
     with torch.no_grad():
-        samples, m = rollout(model, tok, cfg.env, replace(cfg.decode, threshold=args.tau, temperature=0.0), ids,
-                             seed=0, batch_size=args.tasks)
+        dcfg = replace(cfg.decode, threshold=args.tau, temperature=0.0, rule=args.rule or cfg.decode.rule)
+        samples, m = rollout(model, tok, cfg.env, dcfg, ids, seed=0, batch_size=args.tasks)
     tokens, forced = collections.Counter(), collections.Counter()
     for s in samples:
         text = ""
@@ -47,8 +51,15 @@ def main():
             text += tok.decode([t])
             tokens[region] += 1
             forced[region] += c < args.tau
-    print(f"# {args.ckpt}: {len(ids)} test tasks, tau {args.tau}, success {m['success']:.3f}, "
-          f"TPF {m['tpf_denoise']:.2f}")
+    fwd = sum(len(set(s.trace)) for s in samples) / max(len(samples), 1)
+    print(f"# {args.ckpt}: {len(ids)} test tasks, tau {args.tau}, rule {dcfg.rule}, success {m['success']:.3f}, "
+          f"TPF {m['tpf_denoise']:.2f}; per step {sum(tokens.values()) / max(len(samples), 1):.1f} tokens "
+          f"in {fwd:.2f} forwards")
+    K = dcfg.block_size  # SDAR blocks are aligned at absolute position 0 of prompt + response
+    for s in samples[:args.show]:
+        P = len(s.prompt_ids)
+        print("".join((" ||" if (P + i) % K == 0 else "") + f" {tok.decode([t])!r}{f}{'*' if c < args.tau else ''}"
+                      for i, (t, f, c) in enumerate(zip(s.response_ids, s.trace, s.confidence))))
     print("| region | tokens | forced picks | share of the region | share of all forced |")
     print("|---|---|---|---|---|")
     for r in ("think", "action", "after"):
