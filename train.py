@@ -367,16 +367,16 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     bar.close()
 
 
-def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step):
+def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step, relabel=None):
     """Rollouts of the current policy on n_tasks train tasks; the task draw depends only on
-    (key, step), so a resumed run draws the same tasks."""
+    (key, step), so a resumed run draws the same tasks. relabel: see rollout()."""
     rng = random.Random(cfg.train.seed * key + step)
     tasks = [ids[rng.randrange(len(ids))] for _ in range(n_tasks)]
     was = model.training
     model.eval()
     with torch.no_grad(), autocast(cfg):
         out = rollout(model, tok, cfg.env, dcfg, tasks, group_size=group_size,
-                      seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes)
+                      seed=cfg.train.seed * 1000 + step, batch_size=cfg.eval.batch_episodes, relabel=relabel)
     model.train(was)
     return out
 
@@ -426,9 +426,10 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
     from d3mini.distill import distill_step, select_samples
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
-    need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0 or cfg.distill.rollouts == "teacher"
+    need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0 or cfg.distill.rollouts != "policy"
     teacher = frozen_copy(cfg, model, tok, info, "distill", start) if need else None
     actor = teacher if cfg.distill.rollouts == "teacher" else model  # whose decodes are the targets
+    relabel = teacher if cfg.distill.rollouts == "relabel" else None  # answers the actor's prompts too
     step = resume_into(cfg, model, opt, sch, start)
     bar = progress(cfg.distill.steps, step, "distill", info)
     dcfg = _decode(cfg, threshold=cfg.distill.threshold, temperature=0.0)
@@ -439,7 +440,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         t0 = time.time()
         if not samples or step % cfg.distill.rollouts_every == 0:
             samples, rm = policy_rollout(cfg, actor, tok, dcfg, ids, cfg.distill.tasks_per_step,
-                                         cfg.distill.group_size, 104729, step)
+                                         cfg.distill.group_size, 104729, step, relabel=relabel)
         mine = samples[info.rank::info.world]
         if info.world > 1 and dist.all_reduce_sum(float(not select_samples(mine, cfg.distill))) > 0:
             mine = []  # a rank without usable samples would skip the collectives the others enter: all skip

@@ -205,8 +205,10 @@ class DistillConfig:
                                     # the policy frozen as the stage began (the RL model); 0 = no KL term
     teacher_on: str = "action"      # action | response: the tokens the teacher term covers (response: the think
                                     # text too, where the agent's decisions are written)
-    rollouts: str = "policy"        # policy | teacher: whose decodes are the targets: the policy being distilled
-                                    # (on-policy) or the frozen teacher (a fixed target distribution)
+    rollouts: str = "policy"        # policy | teacher | relabel: whose decodes are the targets: the policy being
+                                    # distilled (on-policy), the frozen teacher (a fixed target distribution), or
+                                    # the policy's where the teacher, answering the same prompt, takes the same
+                                    # action, else the teacher's (the policy's states, the teacher's decisions)
     teacher_gate: float = 0.0       # sharpen (CE, CE_comp, H) only tokens whose teacher top probability is at
                                     # least this; the teacher's KL covers the others; 0 = sharpen every token
 
@@ -281,7 +283,7 @@ _CHOICES = {
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
     "distill.teacher_on": ("action", "response"),
-    "distill.rollouts": ("policy", "teacher"),
+    "distill.rollouts": ("policy", "teacher", "relabel"),
     "rl.score": ("all", "action"),
     "rl.step_advantage": ("none", "mean", "mean_std"),
     "distill.expert_score": ("all", "action"),

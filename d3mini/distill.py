@@ -71,13 +71,15 @@ def n_masked(r: float, m: int) -> int:
 
 
 def select_samples(samples: list, cfg: DistillConfig) -> list:
-    """Samples usable as targets: decoded (a trace; expert samples have none), then valid and from
-    won episodes when the config asks."""
-    out = [s for s in samples if s.trace is not None and len(s.trace) == len(s.response_ids) > 0]
+    """Samples usable as targets: from won episodes when the config asks; with rollouts "relabel", the
+    teacher's response (StepSample.relabel) wherever its action differs from the policy's; then decoded
+    (a trace; expert samples have none) and valid when the config asks."""
+    out = [s for s in samples if getattr(s, "won", False)] if cfg.only_success else list(samples)
+    if cfg.rollouts == "relabel":
+        out = [s.relabel if s.relabel is not None and s.relabel.action != s.action else s for s in out]
+    out = [s for s in out if s.trace is not None and len(s.trace) == len(s.response_ids) > 0]
     if cfg.only_valid:
         out = [s for s in out if s.valid]
-    if cfg.only_success:
-        out = [s for s in out if getattr(s, "won", False)]
     return out
 
 
@@ -289,6 +291,9 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
     kept = select_samples(samples, cfg)
     lo = r_floor(progress, cfg.r_max)
     m = {"progress": float(progress), "r_floor": lo, "samples_in": len(samples), "samples_kept": len(kept)}
+    if cfg.rollouts == "relabel":  # targets that are the teacher's response, not the policy's
+        own = {id(s) for s in samples}
+        m["relabeled"] = float(sum(id(s) not in own for s in kept))
     if not kept:
         return {**m, "skipped": 1.0}
     cap = max(cfg.batch_size // world, 1)

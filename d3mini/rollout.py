@@ -42,6 +42,7 @@ class StepSample:
     think_len: int = 0          # response tokens before the one that opens <action> (all of them without it)
     anchor: str = ""            # the observation the step acted on (GiGPO's anchor state)
     env_reward: float = 0.0     # the environment's reward for this step alone
+    relabel: Optional["StepSample"] = None  # rollout(relabel=...): a second model's response to the same prompt
 
 
 @dataclass
@@ -84,10 +85,12 @@ def build_prompt(mod, tokenizer, ep: _Episode, env_cfg: EnvConfig, step: int, ma
 def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task_ids: list,
             group_size: int = 1, expert: bool = False, seed: int = 0, batch_size: int = 64,
             max_prompt_tokens: int = 2048, env_factory: Optional[Callable] = None,
-            progress: bool = False) -> tuple:
+            progress: bool = False, relabel=None) -> tuple:
     """Run len(task_ids) x group_size episodes; return (step samples, metrics).
 
     expert=True: the env's scripted expert writes every response (SFT data; `model` may be None).
+    relabel: a second model that answers every prompt the episodes visit (same decoding and noise); its
+    response goes into StepSample.relabel and never reaches the env, which steps with `model`'s actions.
     metrics["episodes"] holds one record per episode (task_id, group_id, won, score, steps, ...).
     """
     from d3mini.decode import generate  # decode imports torch; keep this module importable without it
@@ -117,28 +120,40 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
         if not active:
             break
         prompts = [build_prompt(mod, tokenizer, e, env_cfg, step, max_prompt_tokens) for e in active]
-        outs = []  # (response ids, text, trace, confidence, nfe_denoise, nfe_total, tokens counted by TPF)
+
+        def decode_all(m):  # (response ids, text, trace, confidence, nfe_denoise, nfe_total, tokens TPF counts)
+            outs = []
+            for i in range(0, len(prompts), batch_size):
+                dcfg = replace(decode_cfg, seed=decode_cfg.seed + 1000003 * seed + 7919 * step + i)
+                res = generate(m, prompts[i:i + batch_size], dcfg, tokenizer)
+                for k in range(len(res.tokens)):
+                    outs.append((res.tokens[k], res.text[k], res.trace[k], res.confidence[k],
+                                 res.nfe_denoise[k], res.nfe_total[k], res.n_generated[k] - int(res.stopped[k])))
+            return outs
+
+        def sample(e, p, ids, text, tr, conf):
+            action, ok = mod.project(text)
+            return StepSample(prompt_ids=p, response_ids=list(ids), trace=tr, confidence=conf, action=action,
+                              valid=is_action_valid(action, ok, e.admissible, env_cfg.require_admissible),
+                              reward=0.0, group_id=e.group_id, episode_id=e.episode_id, step=step, text=text,
+                              think_len=action_start(tokenizer, ids), anchor=e.obs)
+
         if expert:
+            outs = []
             for e in active:
                 text = mod.expert(e.env, rng)
                 ids = tokenizer.encode(text) + [tokenizer.eot_id]
                 outs.append((ids, text, None, None, 0, 0, 0))
         else:
             td = time.time()
-            for i in range(0, len(prompts), batch_size):
-                dcfg = replace(decode_cfg, seed=decode_cfg.seed + 1000003 * seed + 7919 * step + i)
-                res = generate(model, prompts[i:i + batch_size], dcfg, tokenizer)
-                for k in range(len(res.tokens)):
-                    outs.append((res.tokens[k], res.text[k], res.trace[k], res.confidence[k],
-                                 res.nfe_denoise[k], res.nfe_total[k], res.n_generated[k] - int(res.stopped[k])))
+            outs = decode_all(model)
             t_decode += time.time() - td
-        for e, p, (ids, text, tr, conf, nd, nt, nc) in zip(active, prompts, outs):
-            action, ok = mod.project(text)
-            valid = is_action_valid(action, ok, e.admissible, env_cfg.require_admissible)
-            e.samples.append(StepSample(prompt_ids=p, response_ids=list(ids), trace=tr, confidence=conf,
-                                        action=action, valid=valid, reward=0.0, group_id=e.group_id,
-                                        episode_id=e.episode_id, step=step, text=text,
-                                        think_len=action_start(tokenizer, ids), anchor=e.obs))
+        other = decode_all(relabel) if relabel is not None else [None] * len(active)
+        for e, p, (ids, text, tr, conf, nd, nt, nc), o in zip(active, prompts, outs, other):
+            e.samples.append(sample(e, p, ids, text, tr, conf))
+            if o is not None:
+                e.samples[-1].relabel = sample(e, p, *o[:4])
+            action, valid = e.samples[-1].action, e.samples[-1].valid
             e.n_valid += int(valid)
             e.tokens += len(ids)
             e.nfe_denoise += nd
@@ -171,7 +186,8 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
         if e.failed:
             continue
         for s in e.samples:
-            s.reward, s.won, s.score = e.reward, e.won, e.score
+            for t in (s, s.relabel) if s.relabel is not None else (s,):
+                t.reward, t.won, t.score = e.reward, e.won, e.score
         samples.extend(e.samples)
     return samples, episode_metrics(eps, time.time() - t0, t_decode)
 

@@ -1,6 +1,7 @@
 """Online self-distillation: curricula, trace-ordered masks, complement, prompt safety, the loss
 against hand-computed values and against independent per-block reference forwards."""
 import copy
+import dataclasses
 import math
 import random
 
@@ -170,6 +171,22 @@ def test_select_samples_filters():
     assert select_samples(s, DistillConfig(only_valid=True, only_success=False)) == [s[0], s[2]]
     assert select_samples(s, DistillConfig(only_valid=True, only_success=True)) == [s[0]]
     assert select_samples(s, DistillConfig(only_valid=False, only_success=False)) == s[:3]
+
+
+def test_select_samples_relabel():
+    """rollouts "relabel": the policy's sample where the teacher took the same action, else the teacher's;
+    the episode filter reads the policy's episode, the validity filter the sample chosen."""
+    def pair(action, t_action, t_valid=True, won=True, valid=True):
+        own = dataclasses.replace(sample([5], [6, EOS], [0, 0], valid=valid, won=won), action=action)
+        own.relabel = dataclasses.replace(sample([5], [7, EOS], [0, 1], valid=t_valid, won=won), action=t_action)
+        return own
+    s = [pair("a", "a"), pair("a", "b"), pair("a", "b", t_valid=False), pair("a", "b", won=False),
+         pair("x", "a", valid=False), pair("a", "a", valid=False)]
+    cfg = DistillConfig(rollouts="relabel", only_valid=True, only_success=True)
+    assert select_samples(s, cfg) == [s[0], s[1].relabel, s[4].relabel]
+    cfg = DistillConfig(rollouts="relabel", only_valid=False, only_success=False)
+    assert select_samples(s, cfg) == [s[0], s[1].relabel, s[2].relabel, s[3].relabel, s[4].relabel, s[5]]
+    assert select_samples(s, DistillConfig(only_valid=False, only_success=False)) == s  # policy: no relabel
 
 
 # ----------------------------------------------------------------------------- loss

@@ -9,6 +9,8 @@ from d3mini.data import build_tiny_tokenizer
 from d3mini.envs import EnvError, make_env, task_ids
 from d3mini.envs.server import EnvClient, serve_in_thread
 from d3mini.model import DiffusionLM
+from d3mini.decode import generate
+from d3mini.envs import webshop
 from d3mini.rollout import rollout
 
 torch.set_num_threads(2)
@@ -64,6 +66,28 @@ def test_batched_equals_one_by_one(setup):
         per_ep.setdefault(s.episode_id, []).append(key(s))
     assert list(per_ep.values()) == [[key(s) for s in ep] for ep in single]
     assert mb["nfe_denoise"] > 0 and mb["tpf_denoise"] > 0
+
+
+def test_relabel_answers_the_visited_prompts_and_never_steers(setup):
+    """rollout(relabel=m2): m2 answers every prompt the policy's episodes visit (its response, trace and
+    projected action in StepSample.relabel, with the episode's outcome), and the episodes are exactly the
+    ones the policy runs alone: the env only sees the policy's actions."""
+    cfg, tok, model, dcfg, ids = setup
+    torch.manual_seed(1)
+    other = DiffusionLM.from_config(model.cfg).eval()
+    key = lambda s: (s.episode_id, s.step, s.prompt_ids, s.response_ids, s.trace, s.action, s.valid, s.won)
+    with torch.no_grad():
+        alone, ma = rollout(model, tok, cfg.env, dcfg, ids[:3], group_size=2)
+        both, mb = rollout(model, tok, cfg.env, dcfg, ids[:3], group_size=2, relabel=other)
+        same, _ = rollout(model, tok, cfg.env, dcfg, ids[:3], group_size=2, relabel=model)
+        assert [key(s) for s in both] == [key(s) for s in alone] and mb["nfe_denoise"] == ma["nfe_denoise"]
+        assert all(s.relabel is None for s in alone) and all(key(s.relabel) == key(s) for s in same)
+        for s in both:
+            r, ref = s.relabel, generate(other, [s.prompt_ids], dcfg, tok)
+            assert (r.prompt_ids, r.response_ids, r.trace) == (s.prompt_ids, ref.tokens[0], ref.trace[0])
+            assert r.action == webshop.project(ref.text[0])[0]
+            assert (r.episode_id, r.step, r.won, r.reward, r.anchor) == (s.episode_id, s.step, s.won, s.reward, s.anchor)
+    assert any(s.relabel.response_ids != s.response_ids for s in both)
 
 
 class _Flaky:

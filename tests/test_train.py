@@ -395,3 +395,19 @@ def test_distill_rollouts_from_the_frozen_teacher(tmp_path):
         assert {x: v for x, v in ra[k].items() if x.startswith("rollout/") or x == "samples_in"} == \
                {x: v for x, v in rb[k].items() if x.startswith("rollout/") or x == "samples_in"}
     assert ra[keys[-1]]["loss"] != rb[keys[-1]]["loss"]  # the policy did move
+
+
+def test_distill_relabel_by_the_frozen_teacher(tmp_path):
+    """distill.rollouts=relabel: the teacher answers the policy's prompts; while the policy is the teacher
+    (lr 0) no target is relabeled, once it has moved (lr 1.0) some are."""
+    args = ["train.stages=[sft,distill]", "sft.steps=2", "distill.steps=3", "train.threads=1", "eval.num_tasks=1",
+            "eval.sweep=[1.0]", "eval.thresholds=[1.0]", "distill.only_success=false", "distill.only_valid=false",
+            "distill.expert_batch=0", "distill.rollouts=relabel"]
+    seen = {}
+    for lr in ("1.0", "0.0"):
+        r = run(args + [f"distill.lr={lr}"], tmp_path / lr)
+        assert r.returncode == 0, r.stderr[-3000:]
+        recs = _records(tmp_path / lr)
+        seen[lr] = [recs[k]["relabeled"] for k in sorted(recs) if k[0] == "distill"]
+    assert len(seen["0.0"]) == 3 and seen["0.0"] == [0.0, 0.0, 0.0]
+    assert seen["1.0"][0] == 0.0 and max(seen["1.0"]) > 0  # the first rollouts precede the first update
