@@ -35,6 +35,12 @@ masked tokens of both copies (the action's, or with teacher_on "response" all of
 policy's odds where the teacher had them while the CE and entropy terms sharpen it. With
 distill.teacher_gate the CE and entropy terms sharpen only the tokens the teacher is already sure
 of (top probability >= the gate); the KL then covers the rest.
+
+Whose responses are the targets (distill.rollouts): the policy's own ("policy"), the frozen teacher's
+("teacher"), or "relabel": the policy rolls out and the teacher answers the same prompts; a step keeps the
+policy's response where the teacher's action is the same and takes the teacher's (with its decode trace)
+where it differs. The policy's states and phrasing, the teacher's decisions (DAgger's relabelling): a
+decision the sharpening moves is taken back on the states the policy reaches.
 """
 from __future__ import annotations
 
