@@ -29,7 +29,7 @@ import sys
 
 from d3mini.config import ConfigError, load_config
 from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, paired_difference,
-                            plot_acc_vs_tpf, results_markdown, run_record)
+                            paired_mean_difference, plot_acc_vs_tpf, results_markdown, run_record)
 
 
 class UsageError(ValueError):
@@ -117,12 +117,15 @@ def aup_main(ns) -> int:
 
 
 def _outcomes(path: str) -> dict:
-    """threshold -> {task_id: 1 | 0 | None} from an eval JSON written by this script."""
+    """threshold -> {task_id: (1 | 0 | None, invalid actions | None)} from an eval JSON written by this script
+    (the count is None for a failed episode or a file without per-episode steps)."""
+    def bad(e):
+        return None if e["failed"] or "steps" not in e or "valid" not in e else int(e["steps"]) - int(e["valid"])
     try:
         with open(path) as f:
             rows = json.load(f)["results"]
-        return {float(r["threshold"]): {e["task_id"]: None if e["failed"] else int(e["won"]) for e in r["episodes"]}
-                for r in rows}
+        return {float(r["threshold"]): {e["task_id"]: (None if e["failed"] else int(e["won"]), bad(e))
+                                        for e in r["episodes"]} for r in rows}
     except FileNotFoundError:
         raise UsageError(f"--compare: {path} not found") from None
     except (ValueError, KeyError, TypeError) as e:
@@ -130,22 +133,29 @@ def _outcomes(path: str) -> dict:
 
 
 def compare_main(ns) -> int:
-    """Per shared threshold: both success rates on the shared tasks, the change, and its paired s.e."""
+    """Per shared threshold: both success rates on the shared tasks, the change, and its paired s.e.; then the
+    invalid actions per episode before and after, and their paired change."""
     before, after = (_outcomes(p) for p in ns.compare)
     taus = sorted(set(before) & set(after), reverse=True)
     if not taus:
         raise UsageError(f"--compare: no threshold in common ({sorted(before)} vs {sorted(after)})")
-    print("| tau | tasks | before % | after % | change (paired s.e.) | gained | lost |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tau | tasks | before % | after % | change (paired s.e.) | gained | lost | invalid / episode: before, "
+          "after, change (paired s.e.) |")
+    print("|---|---|---|---|---|---|---|---|")
     for t in taus:
         ids = [i for i in before[t] if i in after[t]]
-        a, b = [before[t][i] for i in ids], [after[t][i] for i in ids]
+        a, b = [before[t][i][0] for i in ids], [after[t][i][0] for i in ids]
         try:
             d = paired_difference(a, b)
         except ValueError as e:
             raise UsageError(f"--compare tau {t:g}: {e}") from None
+        try:
+            v = paired_mean_difference([before[t][i][1] for i in ids], [after[t][i][1] for i in ids])
+            bad = f"{v['before']:.2f}, {v['after']:.2f}, {v['diff']:+.2f} ± {v['se']:.2f}"
+        except ValueError:  # no per-episode steps in one of the files
+            bad = "-"
         print(f"| {t:g} | {d['n']} | {100 * d['before']:.1f} | {100 * d['after']:.1f} | "
-              f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f} | {d['gained']} | {d['lost']} |")
+              f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f} | {d['gained']} | {d['lost']} | {bad} |")
     return 0
 
 

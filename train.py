@@ -33,7 +33,7 @@ from d3mini.config import ConfigError, load_config, save_config, to_dict
 from d3mini.data import Tokenizer, build_tiny_tokenizer
 from d3mini.envs import env_module
 from d3mini.lora import apply_lora
-from d3mini.metrics import task_outcomes
+from d3mini.metrics import task_invalid, task_outcomes
 from d3mini.model import DiffusionLM
 from d3mini.rollout import format_samples, rollout
 
@@ -619,8 +619,9 @@ def run_eval(cfg, model, tok, stage, info, log):
                            seed=cfg.train.seed, batch_size=cfg.eval.batch_episodes)
         row = {"threshold": float(tau), **{k: v for k, v in m.items() if k != "episodes"}}
         row["wins"] = task_outcomes(ids, m["episodes"])  # per task, for the paired stage-to-stage change
+        row["invalid"] = task_invalid(ids, m["episodes"])  # invalid actions per task, paired the same way
         rows.append(row)
-        log.log({"stage": f"eval/{stage}", **{k: v for k, v in row.items() if k != "wins"}})
+        log.log({"stage": f"eval/{stage}", **{k: v for k, v in row.items() if k not in ("wins", "invalid")}})
         dist.print0(f"eval {stage} tau={tau}: success {m['success']:.3f} score {m['score']:.3f} "
                     f"valid {m['valid_ratio']:.3f} tpf {m['tpf_denoise']:.2f}")
     model.train()
@@ -628,15 +629,16 @@ def run_eval(cfg, model, tok, stage, info, log):
 
 
 def results_table(results: dict, cfg, wall: float, command: str, commits=None, pieces: int = 1) -> str:
-    """stage x (success +- s.e., score, valid ratio, TPF at 0.95 and 1.0, AUP) as markdown. `command`
+    """stage x (success +- s.e., score, valid ratio, invalid actions per episode, TPF at 0.95 and 1.0, AUP)
+    as markdown; success and invalid actions with their paired change from the stage above. `command`
     started the run; `commits`: the code of its pieces (run.json), default the current one; `pieces`:
     how many starts and resumes the wall-clock sums."""
     import platform
-    from d3mini.metrics import AUPError, aup, paired_difference, success_ci
+    from d3mini.metrics import AUPError, aup, paired_difference, paired_mean_difference, success_ci
     commits = list(commits or [git_commit()])
     code = f"commit {commits[0]}" if len(commits) == 1 else f"commits {' → '.join(commits)} (resumed across commits)"
-    rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | TPF @0.95 | TPF @1.0 "
-            "| AUP |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | invalid / episode (Δ) "
+            "| TPF @0.95 | TPF @1.0 | AUP |", "|---|---|---|---|---|---|---|---|---|"]
     prev = None
     all_acc = [100 * r["success"] for rs in results.values() for r in rs]
     y_max = cfg.eval.y_max if cfg.eval.y_max is not None else max(all_acc, default=0.0)
@@ -660,10 +662,22 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None, p
                 delta = f"{100 * d['diff']:+.1f} ± {100 * d['se']:.1f}"
             except ValueError:  # no task with an outcome in both stages
                 pass
+        # invalid actions per episode: a shorter episode lowers the valid ratio with fewer invalid actions
+        bad = ref.get("invalid_per_episode")
+        if bad is None and "steps" in ref:  # results written before the count: (1 - ratio) x steps is the same
+            bad = (1.0 - ref["valid_ratio"]) * ref["steps"]
+        bad = "-" if bad is None else f"{bad:.2f}"
+        before = (prev or {}).get(float(ref["threshold"]), {}).get("invalid")
+        if before and ref.get("invalid") and len(before) == len(ref["invalid"]):
+            try:
+                d = paired_mean_difference(before, ref["invalid"])
+                bad += f" ({d['diff']:+.2f} ± {d['se']:.2f})"
+            except ValueError:
+                pass
         prev = by
         at = "" if float(ref["threshold"]) == 0.95 else f" (τ {float(ref['threshold'])})"  # no 0.95 row
         rows.append(f"| {stage} | {100 * p:.1f} ± {se:.1f}{at} | {delta} | {ref['score']:.3f} | "
-                    f"{ref['valid_ratio']:.3f} | {tpf(0.95)} | {tpf(1.0)} | {a} |")
+                    f"{ref['valid_ratio']:.3f} | {bad} | {tpf(0.95)} | {tpf(1.0)} | {a} |")
     head = (f"machine: {platform.node()} ({platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cpus, torch {torch.__version__}), {code}, wall-clock {wall / 60:.1f} min"
             f"{f' over {pieces} pieces (resumed)' if pieces > 1 else ''}\n"

@@ -127,6 +127,31 @@ def task_outcomes(ids: list, episodes: list) -> list:
     return [won.get(i) for i in ids]
 
 
+def task_invalid(ids: list, episodes: list) -> list:
+    """Invalid actions per task of `ids` (steps the env rejected), None where the episode failed or is
+    missing: the per-task counts paired_mean_difference compares."""
+    bad = {e["task_id"]: (None if e["failed"] else int(e["steps"]) - int(e["valid"])) for e in episodes}
+    return [bad.get(i) for i in ids]
+
+
+def paired_mean_difference(before: list, after: list) -> dict:
+    """Mean change of a per-task count from `before` to `after` (e.g. invalid actions per episode), with
+    the paired standard error sqrt(s^2 / n), s^2 the sample variance of d_i = after_i - before_i; pairs
+    with a None are dropped. The valid-action *ratio* divides by the steps taken, so a policy that ends
+    its episodes sooner lowers it with fewer invalid actions; the count per episode does not."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_mean_difference: {len(before)} vs {len(after)} values; the runs must share tasks")
+    pairs = [(float(a), float(b)) for a, b in zip(before, after) if a is not None and b is not None]
+    n = len(pairs)
+    if n == 0:
+        raise ValueError("paired_mean_difference: no task has a value in both runs")
+    d = [b - a for a, b in pairs]
+    diff = sum(d) / n
+    var = sum((x - diff) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    return {"diff": diff, "se": math.sqrt(var / n), "n": n, "before": sum(a for a, _ in pairs) / n,
+            "after": sum(b for _, b in pairs) / n}
+
+
 def paired_difference(before: list, after: list) -> dict:
     """Success change from `before` to `after` on the same tasks, with its paired standard error.
     Both are per-task outcomes in one task order (1 won, 0 lost, None failed; failed pairs are
@@ -288,7 +313,7 @@ def threshold_row(tau: float, m: dict, num_tasks: int, split: str) -> dict:
             "failed_episodes": m["failed_episodes"], "successes": k, "success": m["success"],
             "success_pct": pct("p"), "success_se_pct": pct("se"), "success_ci_low_pct": pct("low"),
             "success_ci_high_pct": pct("high"), "score": m["score"], "valid_ratio": m["valid_ratio"],
-            "steps": m["steps"], "tpf_denoise": m["tpf_denoise"], "tpf_total": m["tpf_total"],
+            "invalid_per_episode": m["invalid_per_episode"], "steps": m["steps"], "tpf_denoise": m["tpf_denoise"], "tpf_total": m["tpf_total"],
             "nfe_denoise": m["nfe_denoise"], "nfe_total": m["nfe_total"], "gen_tokens": m["gen_tokens"],
             "tokens_per_s": m["tokens_per_s"], "time_rollout": m["time_rollout"], "time_decode": m["time_decode"],
             "episodes": m["episodes"]}
@@ -343,7 +368,8 @@ RESULT_COLUMNS = [
      f"{r['success_pct']:.1f} ± {r['success_se_pct']:.1f}"),
     ("95% CI (Wilson)", lambda r: None if r["success_pct"] is None else
      f"[{r['success_ci_low_pct']:.1f}, {r['success_ci_high_pct']:.1f}]"),
-    ("score", "score", ".3f"), ("valid", "valid_ratio", ".3f"), ("TPF denoise", "tpf_denoise", ".3f"),
+    ("score", "score", ".3f"), ("valid", "valid_ratio", ".3f"),
+    ("invalid / episode", "invalid_per_episode", ".2f"), ("TPF denoise", "tpf_denoise", ".3f"),
     ("TPF total", "tpf_total", ".3f"), ("tokens/s", "tokens_per_s", ".1f"),
     ("episodes (failed)", lambda r: f"{r['num_episodes']} ({r['failed_episodes']})"),
 ]

@@ -206,6 +206,7 @@ def episode_metrics(eps: list, wall: float, t_decode: float) -> dict:
         "num_episodes": len(eps), "failed_episodes": len(eps) - len(ok),
         "success": sum(e.won for e in ok) / n, "score": sum(e.score for e in ok) / n,
         "steps": steps / n, "valid_ratio": sum(e.n_valid for e in ok) / max(steps, 1),
+        "invalid_per_episode": (steps - sum(e.n_valid for e in ok)) / n,
         "gen_tokens": counted, "nfe_denoise": nd, "nfe_total": nt,
         "tpf_denoise": tpf_tokens / max(nd, 1), "tpf_total": tpf_tokens / max(nt, 1),
         "time_rollout": wall, "time_decode": t_decode, "tokens_per_s": counted / max(t_decode, 1e-9),

@@ -19,7 +19,8 @@ from d3mini.config import Config, ModelConfig, load_config
 from d3mini.data import build_tiny_tokenizer
 from d3mini.envs import task_ids
 from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, markdown_table,
-                            plot_acc_vs_tpf, paired_difference, run_record, success_ci)
+                            plot_acc_vs_tpf, paired_difference, paired_mean_difference, run_record,
+                            success_ci, task_invalid)
 from d3mini.model import DiffusionLM
 from d3mini.rollout import rollout
 
@@ -167,6 +168,22 @@ def test_paired_difference_hand_cases():
         paired_difference([None], [1])
 
 
+def test_paired_mean_difference_hand_cases():
+    # invalid actions on 5 tasks: d = (-2, -1, 0, 0, +1), mean -0.4, sample variance (2.56+.36+.16+.16+1.96)/4 = 1.3
+    d = paired_mean_difference([3, 2, 1, 0, 0], [1, 1, 1, 0, 1])
+    assert d["n"] == 5 and d["diff"] == pytest.approx(-0.4) and d["se"] == pytest.approx(math.sqrt(1.3 / 5))
+    assert d["before"] == pytest.approx(1.2) and d["after"] == pytest.approx(0.8)
+    assert paired_mean_difference([1, None, 3], [2, 5, None]) == {"diff": 1.0, "se": 0.0, "n": 1, "before": 1.0,
+                                                                  "after": 2.0}
+    with pytest.raises(ValueError, match="share tasks"):
+        paired_mean_difference([1, 0], [1])
+    with pytest.raises(ValueError, match="no task"):
+        paired_mean_difference([None], [1])
+    eps = [{"task_id": 7, "failed": False, "steps": 5, "valid": 3}, {"task_id": 8, "failed": True, "steps": 2,
+                                                                       "valid": 0}]
+    assert task_invalid([8, 7, 9], eps) == [None, 2, None]
+
+
 # ----------------------------------------------------------------------------- tables, plot
 def test_markdown_table():
     rows = [{"a": 1, "b": 0.5, "c": "x|y"}, {"a": 2, "b": None}]
@@ -248,7 +265,8 @@ def test_eval_end_to_end(tmp_path, ckpt, capsys):
 
 def test_compare_two_result_files(tmp_path, capsys):
     def result(path, rows):  # the parts of an eval.py JSON that --compare reads
-        eps = lambda won: [{"task_id": i, "won": w, "failed": w is None} for i, w in enumerate(won)]
+        eps = lambda won: [{"task_id": i, "won": w, "failed": w is None, "steps": 4 + (w or 0), "valid": 4}
+                           for i, w in enumerate(won)]  # a won episode here takes one invalid action
         path.write_text(json.dumps({"results": [{"threshold": t, "episodes": eps(w)} for t, w in rows]}))
         return str(path)
     a = result(tmp_path / "a.json", [(1.0, [1, 1, 1, 0, 0, 0, 0, 0, 0, 1]), (0.9, [1, 0])])
@@ -256,7 +274,9 @@ def test_compare_two_result_files(tmp_path, capsys):
     assert EV.main(["--compare", a, b]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3  # header, rule, tau 1.0 only (0.9 and 0.95 are not shared)
-    assert lines[2] == f"| 1 | 10 | 40.0 | 50.0 | +10.0 ± {100 * math.sqrt(0.029):.1f} | 2 | 1 |"
+    # invalid actions = wins: 0.40 -> 0.50, d as the outcomes' (sample variance 0.29 * 10 / 9)
+    assert lines[2] == (f"| 1 | 10 | 40.0 | 50.0 | +10.0 ± {100 * math.sqrt(0.029):.1f} | 2 | 1 | "
+                        f"0.40, 0.50, +0.10 ± {math.sqrt(0.29 / 9):.2f} |")
     assert EV.main(["--compare", a, str(tmp_path / "none.json")]) == 2
     assert "not found" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{}")

@@ -1,6 +1,7 @@
 """Smoke run of the whole pipeline (tiny config, a few steps per stage), resume, and start-up errors."""
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -237,7 +238,29 @@ def test_results_table_delta_pairs_the_same_threshold():
     assert lines[-3].split("|")[3].strip() == "+50.0 ± 25.0" and lines[-2].split("|")[3].strip() == "-"
     assert lines[-4].split("|")[2].strip() == "100.0 ± 0.0"  # a's tau 0.95 row
     assert lines[-3].split("|")[2].strip() == "50.0 ± 25.0 (τ 1.0)"  # b has no tau 0.95 row: its tau is named
-    assert lines[-1].split("|")[8].strip() == "rejected" and lines[-3].split("|")[8].strip() != "rejected"
+    assert lines[-1].split("|")[9].strip() == "rejected" and lines[-3].split("|")[9].strip() != "rejected"
+    assert lines[-4].split("|")[6].strip() == "-"  # neither the count nor the steps to derive it
+
+
+def test_results_table_invalid_actions_per_episode():
+    """The count column: from invalid_per_episode, else (1 - valid ratio) x steps (older results), with the
+    paired change against the stage above where both stages carry per-task counts."""
+    sys.path.insert(0, ROOT)
+    import train
+    from d3mini.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"))
+    base = {"threshold": 0.95, "num_episodes": 4, "failed_episodes": 0, "success": 0.5, "score": 0.0,
+            "tpf_denoise": 1.0, "wins": [1, 1, 0, 0]}
+    res = {"old": [{**base, "valid_ratio": 0.75, "steps": 8.0}],                       # 2 of 8 steps invalid
+           "sft": [{**base, "valid_ratio": 0.8, "steps": 10.0, "invalid_per_episode": 2.0, "invalid": [2, 2, 2, 2]}],
+           # shorter episodes, one invalid action fewer on two tasks: the ratio falls, the count falls too
+           "rl": [{**base, "valid_ratio": 0.75, "steps": 6.0, "invalid_per_episode": 1.5, "invalid": [1, 1, 2, 2]}]}
+    lines = train.results_table(res, cfg, 60.0, "x", commits=["aaa1111"]).splitlines()
+    col = lambda i: lines[i].split("|")[6].strip()
+    assert "invalid / episode (Δ)" in lines[4]
+    assert col(-3) == "2.00" and col(-2) == "2.00"   # old results: derived; sft: no per-task counts above it
+    # d = (-1, -1, 0, 0): mean -0.5, sample variance 1/3, se sqrt(1/12)
+    assert col(-1) == f"1.50 (-0.50 ± {math.sqrt(1 / 12):.2f})"
 
 
 def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_path):
