@@ -181,7 +181,9 @@ class DistillConfig:
     group_size: int = 4             # episodes per task
     batch_size: int = 32            # step samples per update
     lr: float = 1.0e-4              # learning rate
-    r_max: float = 0.8              # final mask-ratio ceiling and floor target
+    r_max: float = 0.8              # final mask-ratio ceiling and floor target (d3LLM's, at block 4 the late
+                                    # stage is fully masked blocks; at block K that needs r > 1 - 1/K, 0.875 at 8;
+                                    # r_max 1.0 on the tiny config: no better, dev/LOG.md 2026-12-07 (5))
     entropy_coef: float = 2.0       # lambda: entropy term on correctly predicted positions
     entropy_temp: float = 0.5       # softmax temperature inside the entropy term
     only_valid: bool = True         # train only on valid step samples
