@@ -3,7 +3,7 @@
     python eval.py --config configs/webshop.yaml --ckpt runs/webshop-sdar8b/export --threshold 0.95
     python eval.py --config configs/tiny.yaml --ckpt runs/tiny/export --sweep 0.9:1.0:0.05 eval.num_tasks=50
     python eval.py --aup 1.447:3.4 2.944:57.2 --alpha 3          # AUP of given TPF:ACC points, no model
-    python eval.py --compare runs/a/eval.json runs/b/eval.json    # success change, paired s.e., no model
+    python eval.py --compare runs/a/eval.json runs/b/eval.json    # success and invalid actions: paired change, no model
     python eval.py --ckpt runs/tiny/ckpt/step_00100020 --threshold 0.95   # a resumable training checkpoint
 
 --ckpt takes an exported folder (config.json, safetensors, tokenizer.json) or one of train.py's

@@ -313,7 +313,8 @@ def threshold_row(tau: float, m: dict, num_tasks: int, split: str) -> dict:
             "failed_episodes": m["failed_episodes"], "successes": k, "success": m["success"],
             "success_pct": pct("p"), "success_se_pct": pct("se"), "success_ci_low_pct": pct("low"),
             "success_ci_high_pct": pct("high"), "score": m["score"], "valid_ratio": m["valid_ratio"],
-            "invalid_per_episode": m["invalid_per_episode"], "steps": m["steps"], "tpf_denoise": m["tpf_denoise"], "tpf_total": m["tpf_total"],
+            "invalid_per_episode": m["invalid_per_episode"], "steps": m["steps"],
+            "tpf_denoise": m["tpf_denoise"], "tpf_total": m["tpf_total"],
             "nfe_denoise": m["nfe_denoise"], "nfe_total": m["nfe_total"], "gen_tokens": m["gen_tokens"],
             "tokens_per_s": m["tokens_per_s"], "time_rollout": m["time_rollout"], "time_decode": m["time_decode"],
             "episodes": m["episodes"]}

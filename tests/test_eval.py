@@ -277,6 +277,11 @@ def test_compare_two_result_files(tmp_path, capsys):
     # invalid actions = wins: 0.40 -> 0.50, d as the outcomes' (sample variance 0.29 * 10 / 9)
     assert lines[2] == (f"| 1 | 10 | 40.0 | 50.0 | +10.0 ± {100 * math.sqrt(0.029):.1f} | 2 | 1 | "
                         f"0.40, 0.50, +0.10 ± {math.sqrt(0.29 / 9):.2f} |")
+    old = tmp_path / "old.json"  # an eval file without per-episode steps: no invalid-action column value
+    old.write_text(json.dumps({"results": [{"threshold": 1.0, "episodes": [{"task_id": i, "won": 1, "failed": False}
+                                                                          for i in range(10)]}]}))
+    assert EV.main(["--compare", a, str(old)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].endswith("| 6 | 0 | - |")
     assert EV.main(["--compare", a, str(tmp_path / "none.json")]) == 2
     assert "not found" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{}")
