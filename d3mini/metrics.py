@@ -135,43 +135,35 @@ def task_invalid(ids: list, episodes: list) -> list:
 
 
 def paired_mean_difference(before: list, after: list) -> dict:
-    """Mean change of a per-task count from `before` to `after` (e.g. invalid actions per episode), with
-    the paired standard error sqrt(s^2 / n), s^2 the sample variance of d_i = after_i - before_i; pairs
-    with a None are dropped. The valid-action *ratio* divides by the steps taken, so a policy that ends
-    its episodes sooner lowers it with fewer invalid actions; the count per episode does not."""
+    """Mean change of a per-task value from `before` to `after` on the same tasks (in one task order; pairs
+    with a None are dropped), with its paired standard error: d_i = after_i - before_i, diff = mean(d),
+    se = sqrt(var(d) / n), var the population variance, so tasks that do not change add no noise. The
+    unpaired sqrt(se_a^2 + se_b^2) would count the task-difficulty variance both runs share. Used for
+    invalid actions per episode: the valid-action *ratio* divides by the steps taken, so a policy that
+    ends its episodes sooner lowers it with fewer invalid actions; the count per episode does not."""
     if len(before) != len(after):
-        raise ValueError(f"paired_mean_difference: {len(before)} vs {len(after)} values; the runs must share tasks")
-    pairs = [(float(a), float(b)) for a, b in zip(before, after) if a is not None and b is not None]
+        raise ValueError(f"paired difference: {len(before)} vs {len(after)} values; the runs must share tasks")
+    pairs = [(a, b) for a, b in zip(before, after) if a is not None and b is not None]
     n = len(pairs)
     if n == 0:
-        raise ValueError("paired_mean_difference: no task has a value in both runs")
+        raise ValueError("paired difference: no task has a value in both runs")
     d = [b - a for a, b in pairs]
     diff = sum(d) / n
-    var = sum((x - diff) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    var = sum((x - diff) ** 2 for x in d) / n
     return {"diff": diff, "se": math.sqrt(var / n), "n": n, "before": sum(a for a, _ in pairs) / n,
             "after": sum(b for _, b in pairs) / n}
 
 
 def paired_difference(before: list, after: list) -> dict:
-    """Success change from `before` to `after` on the same tasks, with its paired standard error.
-    Both are per-task outcomes in one task order (1 won, 0 lost, None failed; failed pairs are
-    dropped). d_i = after_i - before_i; diff = mean(d) and se = sqrt(var(d) / n) with var(d) =
-    (n01 + n10) / n - diff^2, so tasks both models win or both lose add no noise. This is the
-    standard error to hold a stage's gain against: the unpaired sqrt(se_a^2 + se_b^2) counts the
-    task-difficulty variance both runs share. Values are fractions."""
-    if len(before) != len(after):
-        raise ValueError(f"paired_difference: {len(before)} vs {len(after)} outcomes; the runs must share tasks")
-    pairs = [(int(a), int(b)) for a, b in zip(before, after) if a is not None and b is not None]
-    n = len(pairs)
-    if n == 0:
-        raise ValueError("paired_difference: no task has an outcome in both runs")
-    gained = sum(1 for a, b in pairs if b > a)   # n01: lost before, won after
-    lost = sum(1 for a, b in pairs if b < a)     # n10
-    diff = (gained - lost) / n
-    var = max((gained + lost) / n - diff * diff, 0.0)
-    before_rate = sum(a for a, _ in pairs) / n
-    return {"diff": diff, "se": math.sqrt(var / n), "n": n, "gained": gained, "lost": lost,
-            "before": before_rate, "after": before_rate + diff}
+    """Success change from `before` to `after` on the same tasks: paired_mean_difference of per-task
+    outcomes (1 won, 0 lost, None failed), values as fractions, plus the tasks gained (n01: lost before,
+    won after) and lost (n10). For outcomes var(d) = (n01 + n10) / n - diff^2, so tasks both models win or
+    both lose add no noise: the standard error to hold a stage's gain against."""
+    cast = lambda xs: [None if x is None else int(x) for x in xs]  # noqa: E731
+    before, after = cast(before), cast(after)
+    out = paired_mean_difference(before, after)
+    pairs = [(a, b) for a, b in zip(before, after) if a is not None and b is not None]
+    return {**out, "gained": sum(b > a for a, b in pairs), "lost": sum(b < a for a, b in pairs)}
 
 
 # ----------------------------------------------------------------------------- run record

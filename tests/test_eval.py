@@ -169,9 +169,9 @@ def test_paired_difference_hand_cases():
 
 
 def test_paired_mean_difference_hand_cases():
-    # invalid actions on 5 tasks: d = (-2, -1, 0, 0, +1), mean -0.4, sample variance (2.56+.36+.16+.16+1.96)/4 = 1.3
+    # invalid actions on 5 tasks: d = (-2, -1, 0, 0, +1), mean -0.4, variance (2.56+.36+.16+.16+1.96)/5 = 1.04
     d = paired_mean_difference([3, 2, 1, 0, 0], [1, 1, 1, 0, 1])
-    assert d["n"] == 5 and d["diff"] == pytest.approx(-0.4) and d["se"] == pytest.approx(math.sqrt(1.3 / 5))
+    assert d["n"] == 5 and d["diff"] == pytest.approx(-0.4) and d["se"] == pytest.approx(math.sqrt(1.04 / 5))
     assert d["before"] == pytest.approx(1.2) and d["after"] == pytest.approx(0.8)
     assert paired_mean_difference([1, None, 3], [2, 5, None]) == {"diff": 1.0, "se": 0.0, "n": 1, "before": 1.0,
                                                                   "after": 2.0}
@@ -274,9 +274,9 @@ def test_compare_two_result_files(tmp_path, capsys):
     assert EV.main(["--compare", a, b]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3  # header, rule, tau 1.0 only (0.9 and 0.95 are not shared)
-    # invalid actions = wins: 0.40 -> 0.50, d as the outcomes' (sample variance 0.29 * 10 / 9)
+    # invalid actions = wins: 0.40 -> 0.50, the same paired change and s.e. as the outcomes'
     assert lines[2] == (f"| 1 | 10 | 40.0 | 50.0 | +10.0 ± {100 * math.sqrt(0.029):.1f} | 2 | 1 | "
-                        f"0.40, 0.50, +0.10 ± {math.sqrt(0.29 / 9):.2f} |")
+                        f"0.40, 0.50, +0.10 ± {math.sqrt(0.029):.2f} |")
     old = tmp_path / "old.json"  # an eval file without per-episode steps: no invalid-action column value
     old.write_text(json.dumps({"results": [{"threshold": 1.0, "episodes": [{"task_id": i, "won": 1, "failed": False}
                                                                           for i in range(10)]}]}))

@@ -259,8 +259,8 @@ def test_results_table_invalid_actions_per_episode():
     col = lambda i: lines[i].split("|")[6].strip()
     assert "invalid / episode (Δ)" in lines[4]
     assert col(-3) == "2.00" and col(-2) == "2.00"   # old results: derived; sft: no per-task counts above it
-    # d = (-1, -1, 0, 0): mean -0.5, sample variance 1/3, se sqrt(1/12)
-    assert col(-1) == f"1.50 (-0.50 ± {math.sqrt(1 / 12):.2f})"
+    # d = (-1, -1, 0, 0): mean -0.5, variance 0.25, se sqrt(0.25 / 4)
+    assert col(-1) == f"1.50 (-0.50 ± {math.sqrt(0.25 / 4):.2f})"
 
 
 def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_path):
