@@ -438,9 +438,11 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         expert, _ = expert_samples(cfg, tok)
     while step < cfg.distill.steps:
         t0 = time.time()
-        if not samples or step % cfg.distill.rollouts_every == 0:
+        fresh = not samples or step % cfg.distill.rollouts_every == 0
+        if fresh:
             samples, rm = policy_rollout(cfg, actor, tok, dcfg, ids, cfg.distill.tasks_per_step,
                                          cfg.distill.group_size, 104729, step, relabel=relabel)
+        t1 = time.time()
         mine = samples[info.rank::info.world]
         if info.world > 1 and dist.all_reduce_sum(float(not select_samples(mine, cfg.distill))) > 0:
             mine = []  # a rank without usable samples would skip the collectives the others enter: all skip
@@ -453,7 +455,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
         sch.step()
         step += 1
         rec = {"stage": "distill", "step": step, "rollout/success": rm["success"],
-               "rollout/tpf_denoise": rm["tpf_denoise"], "time": time.time() - t0,
+               "rollout/tpf_denoise": rm["tpf_denoise"], "time": time.time() - t0, "time/update": time.time() - t1,
+               **({f"rollout/{k}": rm[k] for k in ("time_rollout", "time_decode", "time_relabel")} if fresh else {}),
                **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
         log.log(rec)
         bar.set_postfix(succ=f"{rm['success']:.2f}", tpf=f"{rm['tpf_denoise']:.2f}")

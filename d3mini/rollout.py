@@ -110,7 +110,7 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
                 ep.task, ep.admissible = info.get("task", ""), info.get("admissible_actions")
             except EnvError as e:
                 ep.failed, ep.done = f"reset: {e}", True
-    t_decode = 0.0
+    t_decode = t_relabel = 0.0
     bar = None
     if progress:
         from tqdm import tqdm
@@ -148,7 +148,11 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             td = time.time()
             outs = decode_all(model)
             t_decode += time.time() - td
-        other = decode_all(relabel) if relabel is not None else [None] * len(active)
+        other = [None] * len(active)
+        if relabel is not None:
+            tr0 = time.time()
+            other = decode_all(relabel)
+            t_relabel += time.time() - tr0
         for e, p, (ids, text, tr, conf, nd, nt, nc), o in zip(active, prompts, outs, other):
             e.samples.append(sample(e, p, ids, text, tr, conf))
             if o is not None:
@@ -189,10 +193,10 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             for t in (s, s.relabel) if s.relabel is not None else (s,):
                 t.reward, t.won, t.score = e.reward, e.won, e.score
         samples.extend(e.samples)
-    return samples, episode_metrics(eps, time.time() - t0, t_decode)
+    return samples, episode_metrics(eps, time.time() - t0, t_decode, t_relabel)
 
 
-def episode_metrics(eps: list, wall: float, t_decode: float) -> dict:
+def episode_metrics(eps: list, wall: float, t_decode: float, t_relabel: float = 0.0) -> dict:
     ok = [e for e in eps if not e.failed]
     n = max(len(ok), 1)
     steps = sum(len(e.samples) for e in ok)
@@ -209,7 +213,8 @@ def episode_metrics(eps: list, wall: float, t_decode: float) -> dict:
         "invalid_per_episode": (steps - sum(e.n_valid for e in ok)) / n,
         "gen_tokens": counted, "nfe_denoise": nd, "nfe_total": nt,
         "tpf_denoise": tpf_tokens / max(nd, 1), "tpf_total": tpf_tokens / max(nt, 1),
-        "time_rollout": wall, "time_decode": t_decode, "tokens_per_s": counted / max(t_decode, 1e-9),
+        "time_rollout": wall, "time_decode": t_decode, "time_relabel": t_relabel,  # relabel: the second model's decodes
+        "tokens_per_s": counted / max(t_decode, 1e-9),
     }
 
 

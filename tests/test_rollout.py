@@ -81,6 +81,7 @@ def test_relabel_answers_the_visited_prompts_and_never_steers(setup):
         both, mb = rollout(model, tok, cfg.env, dcfg, ids[:3], group_size=2, relabel=other)
         same, _ = rollout(model, tok, cfg.env, dcfg, ids[:3], group_size=2, relabel=model)
         assert [key(s) for s in both] == [key(s) for s in alone] and mb["nfe_denoise"] == ma["nfe_denoise"]
+        assert ma["time_relabel"] == 0.0 and 0.0 < mb["time_relabel"] < mb["time_rollout"]  # timed apart
         assert all(s.relabel is None for s in alone) and all(key(s.relabel) == key(s) for s in same)
         for s in both:
             r, ref = s.relabel, generate(other, [s.prompt_ids], dcfg, tok)

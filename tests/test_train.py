@@ -48,6 +48,9 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     # test is test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw)
     dis = [x for x in recs if x["stage"] == "distill" and "step" in x]
     assert all(x["expert_loss"] > 0 for x in dis if not x["skipped"])
+    # where a step's time goes: rollouts (the relabelling teacher's decodes within them) and the update
+    assert all(0 < x["rollout/time_relabel"] < x["rollout/time_rollout"] < x["time"]
+               and 0 < x["time/update"] < x["time"] for x in dis)
     assert os.path.exists(out / "export" / "model.safetensors") and os.path.exists(out / "results.md")
     assert os.path.exists(out / "tokenizer.json") and os.path.exists(out / "config.yaml")
     # the accuracy-vs-TPF plot of the stages, where matplotlib is installed (the plot extra)
