@@ -361,8 +361,10 @@ def test_rl_rollouts_decode_at_rl_threshold_else_decode_threshold():
     import train
     from d3mini.config import load_config
     base = load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.temperature=0.7"])
+    assert train.rl_decode(base).threshold == base.rl.threshold == 0.95  # tiny.yaml: rollouts decoded as evaluated
+    base.rl.threshold = None
     d = train.rl_decode(base)
-    assert base.rl.threshold is None and d.threshold == base.decode.threshold == 1.0 and d.temperature == 0.7
+    assert d.threshold == base.decode.threshold == 1.0 and d.temperature == 0.7
     d = train.rl_decode(load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["rl.threshold=0.9"]))
     assert d.threshold == 0.9 and d.temperature == 1.0 and d.block_size == 8
 
