@@ -454,9 +454,8 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
                                    teacher=teacher)
         sch.step()
         step += 1
-        rec = {"stage": "distill", "step": step, "rollout/success": rm["success"],
-               "rollout/tpf_denoise": rm["tpf_denoise"], "time": time.time() - t0, "time/update": time.time() - t1,
-               **({f"rollout/{k}": rm[k] for k in ("time_rollout", "time_decode", "time_relabel")} if fresh else {}),
+        rec = {"stage": "distill", "step": step, "time": time.time() - t0, "time/update": time.time() - t1,
+               **({f"rollout/{k}": v for k, v in rm.items() if k != "episodes"} if fresh else {}),  # as RL logs them
                **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
         log.log(rec)
         bar.set_postfix(succ=f"{rm['success']:.2f}", tpf=f"{rm['tpf_denoise']:.2f}")
