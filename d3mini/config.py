@@ -213,6 +213,9 @@ class DistillConfig:
                                     # action, else the teacher's (the policy's states, the teacher's decisions)
     teacher_gate: float = 0.0       # sharpen (CE, CE_comp, H) only tokens whose teacher top probability is at
                                     # least this; the teacher's KL covers the others; 0 = sharpen every token
+    gate_on: str = "all"            # all | action: the scored tokens the gate filters; action = only the action's
+                                    # (with score: all, the think text is sharpened whole and the action where the
+                                    # teacher is sure: copy continuations, not the decisions before them)
 
 
 @dataclass
@@ -285,6 +288,7 @@ _CHOICES = {
     "distill.tie_break": ("confidence", "random"),
     "distill.score": ("all", "think"),
     "distill.teacher_on": ("action", "response"),
+    "distill.gate_on": ("all", "action"),
     "distill.rollouts": ("policy", "teacher", "relabel"),
     "rl.score": ("all", "action"),
     "rl.step_advantage": ("none", "mean", "mean_std"),

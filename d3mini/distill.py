@@ -247,6 +247,7 @@ def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp
     - teacher_gate g: a scored position where the teacher's top probability is below g is not sharpened
       (left out of CE, CE_comp and H): a token whose value hangs on a choice not yet made (a decision word,
       or a word after a still-masked one) keeps the teacher's odds instead of being pushed to commit early.
+      gate_on "action" gates only the action's tokens: the think text is sharpened whole.
     - teacher_weight: adds teacher_weight * KL(teacher || model) / 4 over the masked tokens that teacher_on
       names (the action's or the whole response's; with a gate, less the tokens it lets the CE sharpen),
       summed and divided by the count of all of them (n_teacher: the global count), so micro-batches add up."""
@@ -260,11 +261,18 @@ def distill_loss(model, b: DistillBatch, cfg: DistillConfig, n_mask=None, n_comp
         with torch.no_grad():
             tlg, tlgc = distill_logits(teacher, b, cfg.complementary)
         if cfg.teacher_gate > 0:
+            free = None  # positions the gate leaves alone (gate_on "action": the think text)
+            if cfg.gate_on == "action":
+                free = ~b.action[:, s:] if b.action is not None else torch.ones_like(masked)
+            elif cfg.gate_on != "all":
+                raise ValueError(f"distill.gate_on = {cfg.gate_on!r}: must be all | action")
             sure = tlg.float().softmax(-1).amax(-1) >= cfg.teacher_gate
+            sure = sure if free is None else sure | free
             st_t["teacher_unsure"] = float((masked & ~sure).sum())
             masked = masked & sure
             if lgc is not None:
                 sure_c = tlgc.float().softmax(-1).amax(-1) >= cfg.teacher_gate
+                sure_c = sure_c if free is None else sure_c | free
                 st_t["teacher_unsure"] += float((comp & ~sure_c).sum())
                 comp = comp & sure_c
         if cfg.teacher_weight > 0:

@@ -421,3 +421,34 @@ def test_teacher_gate_sharpens_only_what_the_teacher_is_sure_of():
     assert st["teacher_kl"] == pytest.approx(float(kl.detach()), rel=1e-5)
     everything, _ = distill_loss(model, b, DistillConfig(score="think", teacher_gate=1.0), teacher=teacher)
     assert float(everything.detach()) == pytest.approx(0.0, abs=1e-7)  # no teacher is ever sure at 1.0: no CE, no KL
+
+
+def test_gate_on_action_leaves_the_think_text_to_the_ce():
+    """gate_on "action" (score all): every masked think token is sharpened, an action token only where the
+    teacher's top probability reaches the gate; the loss equals distill_terms on those hand-gated masks plus
+    the KL on the rest."""
+    samples = think_samples(6, 5)
+    model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=3)
+    b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(2), score="all")
+    lg, lgc = distill_logits(model, b)
+    tg, tgc = distill_logits(teacher, b)
+    s0 = b.start
+    act = b.action[:, s0:]
+    top, top_c = tg.softmax(-1).amax(-1), tgc.softmax(-1).amax(-1)
+    g = float(torch.cat([top[b.masked[:, s0:] & act], top_c[b.comp[:, s0:] & act]]).median().detach())
+    cfg = DistillConfig(score="all", teacher_weight=0.5, teacher_on="response", teacher_gate=g, gate_on="action")
+    loss, st = distill_loss(model, b, cfg, teacher=teacher)
+    m, c = b.masked[:, s0:] & ((top >= g) | ~act), b.comp[:, s0:] & ((top_c >= g) | ~act)
+    think_scored = (b.masked[:, s0:] | b.comp[:, s0:]) & ~act
+    assert int(think_scored.sum()) > 0 and bool(((m | c) >= think_scored).all())  # no think token gated
+    unsure = (b.masked[:, s0:] & act & (top < g)).sum() + (b.comp[:, s0:] & act & (top_c < g)).sum()
+    assert st["teacher_unsure"] == float(unsure) > 0
+    sharp, _ = distill_terms(lg, lgc, b.ids[:, s0:], m, c, cfg, float(b.masked.sum()), float(b.comp.sum()))
+    resp = torch.zeros_like(b.masked)
+    for i, smp in enumerate(samples):
+        resp[i, len(smp.prompt_ids):len(smp.prompt_ids) + len(smp.response_ids)] = True
+    wn, wc = (resp & (b.masked | b.hidden))[:, s0:], (resp & (b.comp | b.hidden))[:, s0:]
+    kl = (kl_sum(tg, lg, wn & ~m) + kl_sum(tgc, lgc, wc & ~c)) / float(wn.sum() + wc.sum())
+    assert float(loss.detach()) == pytest.approx(float((sharp + 0.5 * kl / 4).detach()), rel=1e-5)
+    with pytest.raises(ValueError, match="gate_on"):
+        distill_loss(model, b, DistillConfig(teacher_gate=0.5, gate_on="think"), teacher=teacher)
