@@ -34,6 +34,7 @@ def test_yaml_and_cli_overrides(tmp_path):
     ("rl: {threshold: -0.1}\n", r"rl\.threshold = -0\.1: must be in \[0, 1\]"),
     ("distill: {threshold: 2}\n", r"distill\.threshold = 2\.0: must be in \[0, 1\]"),
     ("rl: {step_advantage: gigpo}\n", r"rl\.step_advantage = 'gigpo': must be one of"),
+    ("distill: {gate_on: think}\n", r"distill\.gate_on = 'think': must be one of"),
     ("rl: {gamma: 1.5}\n", r"rl\.gamma = 1\.5: must be in \[0, 1\]"),
     ("rl: {step_weight: -1}\n", r"rl\.step_weight = -1\.0: must be >= 0"),
     ("rl: {neg_weight: -0.5}\n", r"rl\.neg_weight = -0\.5: must be >= 0"),
