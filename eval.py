@@ -214,7 +214,7 @@ def load_training_checkpoint(ckpt: str, cfg, dtype=None, device=None):
     run_cfg.train = dataclasses.replace(run_cfg.train, activation_checkpointing=False)
     try:
         tok = Tokenizer.from_file(os.path.join(run, "tokenizer.json"), run_cfg.model.family)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         raise UsageError(f"--ckpt {ckpt}: {run}/tokenizer.json: {e}") from None
     info = dist.DistInfo(0, 1, 0, torch.device(device or "cpu"), True)
     model = build_model(run_cfg, tok, info)
@@ -269,6 +269,20 @@ def eval_main(ns, overrides: list) -> int:
     if not ckpt:
         raise UsageError("--ckpt DIR is required (or set model.path)")
     check_checkpoint(ckpt)
+    prefix = cfg.eval.out or os.path.join(cfg.train.out_dir, "eval")
+    if os.path.isdir(prefix) or prefix.endswith(os.sep):
+        prefix = os.path.join(prefix, "eval")
+    try:  # before the evaluation, not after it: an unwritable --out would lose the results
+        os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {prefix}: cannot create its folder ({e})") from None
+    if cfg.env.server_url:
+        from d3mini.envs import EnvError
+        from d3mini.envs.server import check_server
+        try:
+            check_server(cfg.env.server_url, cfg.env)
+        except EnvError as e:
+            raise UsageError(str(e)) from None
 
     import torch
     if cfg.train.threads > 0:
@@ -287,12 +301,14 @@ def eval_main(ns, overrides: list) -> int:
         raise ConfigError(f"decode.block_size = {K} must equal the checkpoint's block_size = {model.cfg.block_size}")
 
     rows = evaluate(model, tok, cfg, taus, cfg.eval.split, cfg.eval.num_tasks, progress=sys.stderr.isatty())
+    for r in rows:  # a table of env failures would read as a 0 % model
+        if r["num_episodes"] and r["failed_episodes"] == r["num_episodes"]:
+            first = next((e["failed"] for e in r.get("episodes", []) if e.get("failed")), "")
+            raise UsageError(f"every episode at tau {r['threshold']} failed in the env, nothing was scored "
+                             f"(first: {first})")
     summaries = [aup_summary(rows, cfg.eval.alpha, cfg.eval.y_max, tpf) for tpf in ("tpf_denoise", "tpf_total")]
     record = run_record(cfg, ckpt=ckpt, model=model, num_tasks=rows[0]["num_tasks"],
                         extra={"thresholds": taus, "split": cfg.eval.split})
-    prefix = cfg.eval.out or os.path.join(cfg.train.out_dir, "eval")
-    if os.path.isdir(prefix) or prefix.endswith(os.sep):
-        prefix = os.path.join(prefix, "eval")
     paths = write_results(prefix, rows, summaries, record, label=os.path.basename(os.path.normpath(ckpt)))
     print(results_markdown(rows, summaries, record).split("\n<details>")[0])
     print("wrote " + ", ".join(paths))

@@ -82,11 +82,12 @@ def check_startup(cfg, info):
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")
     if cfg.env.server_url:
-        import requests
+        from d3mini.envs import EnvError
+        from d3mini.envs.server import check_server
         try:
-            requests.get(cfg.env.server_url.rstrip("/") + "/health", timeout=5).raise_for_status()
-        except Exception as e:
-            raise ConfigError(f"env.server_url = {cfg.env.server_url!r} is unreachable: {e}") from None
+            check_server(cfg.env.server_url, cfg.env)
+        except EnvError as e:
+            raise ConfigError(str(e)) from None
 
 
 def seed_all(seed: int):
@@ -110,15 +111,18 @@ def expert_texts(cfg, n_episodes: int) -> list:
     return [boot.decode(s.prompt_ids) + s.text for s in samples]
 
 
-def build_tokenizer(cfg, info) -> Tokenizer:
+def build_tokenizer(cfg, info, resume: bool = False) -> Tokenizer:
     fam = "llada" if cfg.model.family == "llada" else cfg.model.family
-    if cfg.train.tokenizer:
-        return Tokenizer.from_file(cfg.train.tokenizer, fam)
-    if cfg.model.path:
-        return Tokenizer.from_dir(cfg.model.path, fam)
-    path = os.path.join(cfg.train.out_dir, "tokenizer.json")
-    if os.path.exists(path):  # resume: the same tokenizer
-        return Tokenizer.from_file(path, fam)
+    try:
+        if cfg.train.tokenizer:
+            return Tokenizer.from_file(cfg.train.tokenizer, fam)
+        if cfg.model.path:
+            return Tokenizer.from_dir(cfg.model.path, fam)
+        path = os.path.join(cfg.train.out_dir, "tokenizer.json")
+        if resume and os.path.exists(path):  # the run's own tokenizer
+            return Tokenizer.from_file(path, fam)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"tokenizer: {e}") from None
     tok = build_tiny_tokenizer(expert_texts(cfg, min(200, cfg.sft.episodes)), cfg.model.vocab_size, fam)
     if info.is_main:
         tok.save(path)
@@ -163,6 +167,11 @@ class Logger:
         self.main = info.is_main
         self.path = os.path.join(cfg.train.out_dir, "metrics.jsonl")
         self.wandb = None
+        if self.main and os.path.exists(self.path):  # a record cut short by a crash: drop it, keep the rest
+            with open(self.path, "rb+") as f:
+                data = f.read()
+                if data and not data.endswith(b"\n"):
+                    f.truncate(data.rfind(b"\n") + 1)
         if self.main and cfg.train.wandb:
             try:
                 import wandb
@@ -183,6 +192,16 @@ class Logger:
 def finite_or_raise(loss, where: str):
     if not torch.isfinite(loss):
         raise FloatingPointError(f"{where}: loss is {loss.item()} (not finite); the last checkpoint is kept")
+
+
+def finite_metrics_or_raise(metrics: dict, where: str):
+    """After an RL / distillation update: a non-finite loss or gradient norm stops the run before the
+    next checkpoint, so the checkpoints on disk stay finite."""
+    for key in ("loss", "grad_norm"):
+        v = metrics.get(key)
+        if v is not None and not math.isfinite(float(v)):
+            raise FloatingPointError(f"{where}: {key} is {v} (not finite); the update is not saved, the last "
+                                     f"checkpoint is kept (lower the learning rate, or resume from it)")
 
 
 # ----------------------------------------------------------------------------- stages
@@ -348,6 +367,7 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         finite_or_raise(loss, f"sft step {step}")
         loss.backward()
         gnorm = dist.clip_grad_norm([p for p in model.parameters() if p.requires_grad], cfg.train.grad_clip)
+        finite_metrics_or_raise({"grad_norm": gnorm}, f"sft step {step}")  # before the weights take it
         opt.step()
         sch.step()
         opt.zero_grad(set_to_none=True)
@@ -403,6 +423,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
                               step=step)
         # rl_step knows no process group: its loss is this rank's share of the global-normalised sum
         metrics["loss"] = dist.all_reduce_sum(float(metrics["loss"]))
+        finite_metrics_or_raise(metrics, f"rl step {step}")
         sch.step()
         step += 1
         rec = {"stage": "rl", "step": step, **{f"rollout/{k}": v for k, v in rm.items() if k != "episodes"},
@@ -452,6 +473,7 @@ def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
                                    grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm, world=info.world,
                                    regularizer=expert_replay(cfg, model, expert, info, step) if expert else None,
                                    teacher=teacher)
+        finite_metrics_or_raise(metrics, f"distill step {step}")
         sch.step()
         step += 1
         rec = {"stage": "distill", "step": step, "time": time.time() - t0, "time/update": time.time() - t1,
@@ -526,20 +548,19 @@ def git_commit() -> str:
     return (commit + ("+" if dirty.stdout.strip() else "")) if head.returncode == 0 and commit else "unknown"
 
 
-def start_run_record(cfg, info, resume: bool, command: str) -> dict:
+def start_run_record(cfg, info, resume: bool, command: str, t0: float = None) -> dict:
     """<out_dir>/run.json: the command of every piece of the run (the start, then each resume), the
     commits they ran (one more each time a resume ran other code) and the wall-clock summed over the
     pieces, so a resumed run's table reports the whole run."""
     path = os.path.join(cfg.train.out_dir, "run.json")
     rec = {"commands": [], "commits": [], "wall_s": 0.0}
     if resume and os.path.exists(path):
-        with open(path) as f:
-            rec = {**rec, **json.load(f)}
+        rec = {**rec, **read_json(path, "the run record")}
     rec["commands"].append(command)
     commit = git_commit()
     if not rec["commits"] or rec["commits"][-1] != commit:
         rec["commits"].append(commit)
-    _STATE.update(run_record=rec, run_path=path, wall0=float(rec["wall_s"]), t0=time.time())
+    _STATE.update(run_record=rec, run_path=path, wall0=float(rec["wall_s"]), t0=time.time() if t0 is None else t0)
     update_run_record(info.is_main)
     return rec
 
@@ -560,6 +581,10 @@ def update_run_record(is_main: bool) -> dict:
 
 def maybe_save(cfg, model, opt, sch, stage, step, total):
     if step % cfg.train.save_every == 0 or step == total:
+        bad = sum(int(not torch.isfinite(getattr(p, "to_local", lambda: p)()).all()) for p in model.parameters())
+        if dist.all_reduce_sum(float(bad)) > 0:  # never a checkpoint that a resume could not train on
+            raise FloatingPointError(f"{stage} step {step}: {bad} weight tensors are not finite; not saved, the last "
+                                     f"checkpoint is kept (lower the learning rate, or resume from it)")
         dist.save(os.path.join(cfg.train.out_dir, "ckpt"), _STATE["global"] + step, model, opt, sch,
                   extra={"stage": stage, "stage_index": _STATE["stage_index"], "stage_step": step,
                          "done": step == total}, keep=cfg.train.keep_checkpoints)
@@ -600,11 +625,42 @@ def resume_into(cfg, model, opt, sch, start) -> int:
     return int(extra["stage_step"])
 
 
+def read_json(path: str, what: str):
+    """A JSON file the run wrote, or a ConfigError naming it (a damaged file stops a resume, it is not rewritten)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} ({what}) is unreadable: {e}; restore it or move it away") from None
+
+
+def write_json(path: str, data) -> None:
+    tmp = path + ".tmp"  # atomic: a crash mid-write leaves the previous file
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def check_out_dir(cfg, resume: bool):
+    """A fresh run never writes into another run's folder (checkpoints, metrics and results would mix)."""
+    out = cfg.train.out_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"train.out_dir = {out!r} is a file, not a folder")
+    held = [n for n in ("ckpt", "metrics.jsonl", "results.json") if os.path.exists(os.path.join(out, n))]
+    if held and not resume:
+        raise ConfigError(f"train.out_dir = {out!r} holds a run ({', '.join(held)}): continue it with --resume, "
+                          f"or pass another train.out_dir")
+
+
 def peek_checkpoint(cfg):
-    """(folder, extra) of the latest intact checkpoint, or (None, None)."""
+    """(folder, extra) of the latest intact checkpoint, or (None, None) when the run has none yet."""
     root = os.path.join(cfg.train.out_dir, "ckpt")
     ck = dist.latest_checkpoint(root) if os.path.isdir(root) else None
     if ck is None:
+        steps = [d for d in os.listdir(root) if d.startswith("step_")] if os.path.isdir(root) else []
+        if steps:  # starting over would overwrite the run's metrics, export and results
+            raise dist.CheckpointError(f"{root}: none of the {len(steps)} checkpoints is intact (see the warnings); "
+                                       f"nothing to resume from, and nothing was overwritten")
         return None, None
     with open(os.path.join(ck, "state.json")) as f:
         return ck, json.load(f)["extra"]
@@ -701,8 +757,7 @@ def write_results(cfg, results: dict, info, rec: dict):
                        pieces=len(rec["commands"]))
     with open(os.path.join(cfg.train.out_dir, "results.md"), "w") as f:
         f.write(md)
-    with open(os.path.join(cfg.train.out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2, default=str)
+    write_json(os.path.join(cfg.train.out_dir, "results.json"), results)
     curves = {stage: [(r["tpf_denoise"], 100 * r["success"]) for r in rs]
               for stage, rs in results.items()}
     png = plot_acc_vs_tpf(curves, os.path.join(cfg.train.out_dir, "results.png"), metadata=rec,
@@ -711,25 +766,25 @@ def write_results(cfg, results: dict, info, rec: dict):
 
 
 def main(argv=None):
+    t_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
     cfg, cfg_path, resume = parse_args(argv)
     info = dist.setup(cfg.train.threads)
     check_startup(cfg, info)
-    os.makedirs(cfg.train.out_dir, exist_ok=True)
-    start_run_record(cfg, info, resume, "python train.py " + " ".join(argv))
-    seed_all(cfg.train.seed)
-    tok = build_tokenizer(cfg, info)
-    model = build_model(cfg, tok, info)
-    if info.is_main:
-        save_config(cfg, os.path.join(cfg.train.out_dir, "config.yaml"))
-        print(f"model: {cfg.model.family} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-              f"world {info.world}, device {info.device}")
-    log = Logger(cfg, info)
-    ck, extra = peek_checkpoint(cfg) if resume else (None, None)
+    check_out_dir(cfg, resume)
+    dist.barrier()  # every rank has checked the folder before rank 0 writes into it
+    try:
+        os.makedirs(cfg.train.out_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"train.out_dir = {cfg.train.out_dir!r}: cannot create it ({e})") from None
     results_path = os.path.join(cfg.train.out_dir, "results.json")
-    results = json.load(open(results_path)) if resume and os.path.exists(results_path) else {}
+    results = read_json(results_path, "evaluations so far") if resume and os.path.exists(results_path) else {}
+    seed_all(cfg.train.seed)
+    tok = build_tokenizer(cfg, info, resume)
+    model = build_model(cfg, tok, info)
+    ck, extra = peek_checkpoint(cfg) if resume else (None, None)
     cur, done = -1, False
-    if ck is not None:  # resume: weights as of the latest intact checkpoint
+    if ck is not None:  # resume: weights as of the latest intact checkpoint, before config.yaml is rewritten
         dist.load(ck, model)
         cur, done = int(extra["stage_index"]), bool(extra.get("done"))
         dist.print0(f"resuming from {ck} (stage {extra['stage']}, step {extra['stage_step']})")
@@ -739,6 +794,12 @@ def main(argv=None):
             for stage in cfg.train.stages[cur:]:
                 results.pop(stage, None)
             dist.print0(f"extending stage {extra['stage']} from {extra['stage_step']} to {budget} steps")
+    start_run_record(cfg, info, resume, "python train.py " + " ".join(argv), t0=t_start)  # a piece that ran
+    if info.is_main:
+        save_config(cfg, os.path.join(cfg.train.out_dir, "config.yaml"))
+        print(f"model: {cfg.model.family} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+              f"world {info.world}, device {info.device}")
+    log = Logger(cfg, info)
     for si, stage in enumerate(cfg.train.stages):
         _STATE["stage_index"], _STATE["global"] = si, 100000 * si  # checkpoint folders sort by stage, step
         if si > cur or (si == cur and not done):
@@ -746,8 +807,7 @@ def main(argv=None):
         if stage not in results:
             results[stage] = run_eval(cfg, model, tok, stage, info, log)
             if info.is_main:
-                with open(results_path, "w") as f:
-                    json.dump(results, f, indent=2, default=str)
+                write_json(results_path, results)
             update_run_record(info.is_main)
     dist.export_hf(model, tok, os.path.join(cfg.train.out_dir, "export"), layout="native")
     write_results(cfg, results, info, update_run_record(info.is_main))
@@ -760,3 +820,7 @@ if __name__ == "__main__":
     except (ConfigError, FloatingPointError, dist.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted: the run goes on from its last checkpoint with the same command and --resume",
+              file=sys.stderr)
+        sys.exit(130)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -300,12 +301,14 @@ _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size",
              "model.rope_theta", "model.rms_norm_eps", "decode.block_size", "decode.max_new_tokens",
              "env.max_steps", "sft.batch_size", "sft.mask_copies", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
              "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "rl.trace_shrink", "distill.batch_size", "distill.micro_batch",
-             "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s"]
+             "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s",
+             "train.save_every"]
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
-           "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight"]
+           "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight",
+           "sft.lr", "rl.lr", "distill.lr"]
 _UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
 
 
@@ -317,6 +320,16 @@ def _check_values(cfg: Config, src: str) -> None:
     def bad(key, why):
         raise ConfigError(f"{src}: {key} = {get(key)!r}: {why}")
 
+    for sec in dataclasses.fields(cfg):  # NaN passes every comparison below: no setting means NaN
+        for f in dataclasses.fields(getattr(cfg, sec.name)):
+            v = getattr(getattr(cfg, sec.name), f.name)
+            if isinstance(v, float) and math.isnan(v):
+                bad(f"{sec.name}.{f.name}", "is not a number")
+    for key in ("sft.lr", "rl.lr", "distill.lr"):
+        if math.isinf(get(key)):
+            bad(key, "must be finite")
+    if len(cfg.train.betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in cfg.train.betas):
+        bad("train.betas", "must be two numbers in [0, 1) (AdamW's beta1, beta2)")
     for key, choices in _CHOICES.items():
         if get(key) not in choices:
             bad(key, f"must be one of {list(choices)}")
@@ -415,6 +428,8 @@ def load_config(path: Optional[str] = None, overrides: Optional[list] = None) ->
                 data = yaml.safe_load(f) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        except (OSError, UnicodeDecodeError) as e:  # a folder, a binary file, no permission
+            raise ConfigError(f"{path}: cannot read the config ({e})") from None
         _apply(cfg, data, path)
         _check_values(cfg, path)
     if overrides:

@@ -81,7 +81,11 @@ class Tokenizer:
     def from_file(cls, path: str, family: str) -> "Tokenizer":
         if not os.path.isfile(path):
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return cls(tokenizers.Tokenizer.from_file(path), family, source=path)
+        try:
+            backend = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the library raises a bare Exception on a damaged or foreign file
+            raise ValueError(f"{path}: not a readable tokenizer file ({e})") from None
+        return cls(backend, family, source=path)
 
     @classmethod
     def from_dir(cls, path: str, family: str) -> "Tokenizer":

@@ -370,10 +370,14 @@ def load(path: str, model: nn.Module, optimizer=None, scheduler=None) -> dict:
     if reader:
         msd = load_file(os.path.join(ckpt, "model.safetensors"))
         msd.update({k: msd[src] for k, src in meta["tied"].items()})
-    if world_size() == 1:
-        model.load_state_dict(msd, strict=True)
-    else:
-        set_model_state_dict(model, msd, options=opts)
+    try:
+        if world_size() == 1:
+            model.load_state_dict(msd, strict=True)
+        else:
+            set_model_state_dict(model, msd, options=opts)
+    except RuntimeError as e:  # missing / unexpected keys, size mismatches: another model's checkpoint
+        why = "; ".join(line.strip() for line in str(e).splitlines()[1:4]) or str(e)
+        raise CheckpointError(f"{ckpt}: its weights do not fit the model built from the config ({why})") from None
     if optimizer is not None:
         if "optimizer" not in meta:
             raise CheckpointError(f"{ckpt}: no optimizer state saved, but an optimizer was given")

@@ -96,6 +96,8 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
     from d3mini.decode import generate  # decode imports torch; keep this module importable without it
 
     mod = env_module(env_cfg.name)
+    if expert and env_factory is None and getattr(env_cfg, "server_url", None):
+        env_cfg = replace(env_cfg, server_url=None)  # the expert reads the env's goal / plan / answers: in-process
     factory = env_factory or make_env
     rng = random.Random(seed)
     t0 = time.time()

@@ -43,6 +43,13 @@ def test_yaml_and_cli_overrides(tmp_path):
     ("train: {stages: [sft, pretrain]}\n", r"unknown stage 'pretrain'"),
     ("rl: [1, 2]\n", r"rl: expected a mapping"),
     ("rl: {lr: [\n", r"not valid YAML"),
+    ("sft: {lr: -1}\n", r"sft\.lr = -1\.0: must be >= 0"),
+    ("rl: {lr: .inf}\n", r"rl\.lr = inf: must be finite"),
+    ("distill: {lr: .nan}\n", r"distill\.lr = nan: is not a number"),
+    ("decode: {top_p: .nan}\n", r"decode\.top_p = nan: is not a number"),
+    ("train: {save_every: 0}\n", r"train\.save_every = 0: must be > 0"),
+    ("train: {betas: [0.9, 1.5]}\n", r"train\.betas .*two numbers in \[0, 1\)"),
+    ("train: {betas: [0.9]}\n", r"train\.betas"),
 ])
 def test_errors_name_key_and_file(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
@@ -58,6 +65,16 @@ def test_cli_errors():
         load_config(None, ["rl.lr"])
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("/nonexistent.yaml")
+
+
+def test_unreadable_config_files(tmp_path):
+    """A folder or a binary file as --config: a ConfigError naming it, not a traceback."""
+    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot read the config"):
+        load_config(str(tmp_path))
+    binary = tmp_path / "weights.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="weights.yaml: (cannot read the config|not valid YAML)"):
+        load_config(str(binary))
 
 
 def test_save_roundtrip(tmp_path):

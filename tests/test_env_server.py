@@ -60,7 +60,9 @@ def test_concurrent_sessions_match_in_process_envs(server):
     for t in threads:
         t.join()
     assert errors == []
-    assert requests.get(server.url + "/health").json() == {"ok": True, "env": "webshop", "sessions": 0, "expired": 0}
+    health = requests.get(server.url + "/health").json()
+    assert {k: health[k] for k in ("ok", "env", "sessions", "expired")} == \
+        {"ok": True, "env": "webshop", "sessions": 0, "expired": 0}
 
 
 def test_step_batch_and_retry_replay(server):
@@ -155,7 +157,8 @@ def test_cli_starts_serves_and_client_fails_cleanly_when_killed():
         url = line.split(" on ")[1].strip()
         health = requests.get(url + "/health", timeout=10).json()
         print(f"env server ready in {time.perf_counter() - t0:.2f} s")
-        assert health == {"ok": True, "env": "webshop", "sessions": 0, "expired": 0}
+        assert {k: v for k, v in health.items() if k != "config"} == {"ok": True, "env": "webshop", "sessions": 0,
+                                                                       "expired": 0}
         cfg = EnvConfig(server_url=url, num_products=64, num_goals=200, num_test_goals=50, retries=2, backoff_s=0.01, timeout_s=5)
         env = make_env(cfg)
         assert isinstance(env, EnvClient)
@@ -208,8 +211,35 @@ def test_idle_sessions_expire_at_the_next_reset():
         c.reset(task_id=1)
         time.sleep(0.05)
         client(never).reset(task_id=2)
-        assert requests.get(never.url + "/health", timeout=5).json() == {"ok": True, "env": "webshop", "sessions": 2,
-                                                                         "expired": 0}
+        health = requests.get(never.url + "/health", timeout=5).json()
+        assert {k: v for k, v in health.items() if k != "config"} == {"ok": True, "env": "webshop", "sessions": 2,
+                                                                       "expired": 0}
     finally:
         never.shutdown()
         never.server_close()
+
+
+def test_check_server_names_an_unreachable_or_mismatched_server(server):
+    """check_server: the health record when the server builds its envs as the client asks; an EnvError
+    naming every differing setting when it does not, or the URL when nothing answers."""
+    from d3mini.envs.server import check_server
+    assert check_server(server.url, EnvConfig(**CFG))["config"]["num_products"] == 96
+    assert check_server(server.url, EnvConfig(**CFG, history=5, timeout_s=3.0))["ok"]  # client-side settings
+    with pytest.raises(EnvError, match=r"seed: server 0, here 7.*num_goals: server 300, here 200"):
+        check_server(server.url, EnvConfig(**{**CFG, "seed": 7, "num_goals": 200}))
+    with pytest.raises(EnvError, match="127.0.0.1:9.*unreachable"):
+        check_server("http://127.0.0.1:9")
+
+
+def test_expert_episodes_play_in_process_beside_a_server():
+    """The scripted expert reads the env's goal, which a client cannot: with env.server_url set (even to a
+    dead server) expert rollouts run on in-process envs, the same episodes as without it."""
+    from d3mini.config import DecodeConfig
+    from d3mini.data import build_tiny_tokenizer
+    from d3mini.rollout import rollout
+    tok = build_tiny_tokenizer(["search click buy now"], vocab_size=300, family="sdar")
+    plain = EnvConfig(**CFG, max_steps=6)
+    a, ma = rollout(None, tok, plain, DecodeConfig(), [0, 1, 2], expert=True, seed=3)
+    b, mb = rollout(None, tok, EnvConfig(**CFG, max_steps=6, server_url="http://127.0.0.1:9"), DecodeConfig(),
+                    [0, 1, 2], expert=True, seed=3)
+    assert mb["failed_episodes"] == 0 and [s.text for s in a] == [s.text for s in b] and len(a) > 3

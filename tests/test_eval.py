@@ -17,7 +17,7 @@ import yaml
 from d3mini import envs
 from d3mini.config import Config, ModelConfig, load_config
 from d3mini.data import build_tiny_tokenizer
-from d3mini.envs import task_ids
+from d3mini.envs import EnvError, task_ids
 from d3mini.metrics import (AUPError, aup, aup_kept_points, aup_summary, aup_weight, evaluate, markdown_table,
                             plot_acc_vs_tpf, paired_difference, paired_mean_difference, run_record,
                             success_ci, task_invalid)
@@ -295,6 +295,34 @@ def test_eval_block_size_mismatch(tmp_path, ckpt, capsys):
     rc = EV.main(["--config", _config(tmp_path, str(tmp_path / "e")), "--ckpt", ckpt, "--threshold", "0.9",
                   "decode.block_size=8"])
     assert rc == 2 and "decode.block_size" in capsys.readouterr().err
+
+
+def test_eval_refuses_what_would_lose_or_fake_results(tmp_path, ckpt, capsys, monkeypatch):
+    """Caught before evaluating: an --out that cannot be written, an env server nothing answers at, a damaged
+    tokenizer. Caught after: a table in which every episode failed in the env (it would read as 0 %)."""
+    import shutil
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc = EV.main(["--config", _config(tmp_path, str(blocker / "eval")), "--ckpt", ckpt, "--threshold", "1.0"])
+    assert rc == 2 and "cannot create its folder" in capsys.readouterr().err
+    rc = EV.main(["--config", _config(tmp_path, str(tmp_path / "e")), "--ckpt", ckpt, "--threshold", "1.0",
+                  "env.server_url=http://127.0.0.1:9"])
+    assert rc == 2 and "unreachable" in capsys.readouterr().err and not (tmp_path / "e.json").exists()
+    bad = tmp_path / "bad_tok"
+    shutil.copytree(ckpt, bad)
+    (bad / "tokenizer.json").write_text("{}")
+    rc = EV.main(["--config", _config(tmp_path, str(tmp_path / "e")), "--ckpt", str(bad), "--threshold", "1.0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "tokenizer.json" in err and "not a readable tokenizer file" in err
+
+    def broken(cfg):
+        raise EnvError("the env is gone")
+    monkeypatch.setattr("d3mini.rollout.make_env", broken)
+    rc = EV.main(["--config", _config(tmp_path, str(tmp_path / "e")), "--ckpt", ckpt, "--threshold", "1.0",
+                  "--num-tasks", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "every episode at tau 1.0 failed" in err and "the env is gone" in err
+    assert not (tmp_path / "e.json").exists()
 
 
 def test_run_record_fields(tmp_path, ckpt):

@@ -439,3 +439,87 @@ def test_distill_relabel_by_the_frozen_teacher(tmp_path):
         seen[lr] = [recs[k]["relabeled"] for k in sorted(recs) if k[0] == "distill"]
     assert len(seen["0.0"]) == 3 and seen["0.0"] == [0.0, 0.0, 0.0]
     assert seen["1.0"][0] == 0.0 and max(seen["1.0"]) > 0  # the first rollouts precede the first update
+
+
+def test_a_run_folder_is_never_overwritten_or_mixed(tmp_path):
+    """What a finished run wrote survives every bad start: a fresh run into its folder, a resume with another
+    model size, a damaged results.json, checkpoints that are all corrupt; an out_dir that is a file."""
+    out = tmp_path / "run"
+    args = ["train.stages=[sft]", "eval.sweep=[1.0]", "eval.thresholds=[1.0]"]
+    r = run(args, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = ("metrics.jsonl", "config.yaml", "run.json", "results.json", "tokenizer.json")
+    before = {n: (out / n).read_bytes() for n in names}
+
+    def unchanged():
+        return all((out / n).read_bytes() == before[n] for n in names)
+
+    r = run(args, out)  # a fresh run (no --resume) into the finished one
+    assert r.returncode == 2 and "holds a run" in r.stderr and "--resume" in r.stderr and unchanged()
+    r = run(args + ["--resume", "model.hidden_size=96"], out)  # another model's weights
+    assert r.returncode == 2 and "do not fit the model" in r.stderr and "Traceback" not in r.stderr and unchanged()
+    (out / "results.json").write_text('{"sft": [')  # cut short
+    r = run(args + ["--resume"], out)
+    assert r.returncode == 2 and "results.json" in r.stderr and "unreadable" in r.stderr
+    (out / "results.json").write_bytes(before["results.json"])
+    assert unchanged()
+    for ck in (out / "ckpt").iterdir():  # every checkpoint damaged: nothing to resume, and no silent restart
+        w = ck / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:100])
+    r = run(args + ["--resume"], out)
+    assert r.returncode == 2 and "none of the" in r.stderr and "intact" in r.stderr and unchanged()
+    r = run(args, tmp_path / "run" / "config.yaml")  # out_dir names a file
+    assert r.returncode == 2 and "is a file" in r.stderr
+
+
+def test_non_finite_training_stops_before_a_checkpoint(tmp_path):
+    """Weights that overflow (init std 1e30) stop SFT at its first step with a clear error and no checkpoint
+    holding them; a non-finite learning rate is a config error."""
+    out = tmp_path / "run"
+    r = run(["train.stages=[sft]", "train.save_every=1", "model.init_std=1e30"], out)
+    assert r.returncode == 2 and "not finite" in r.stderr and "sft step 0" in r.stderr, r.stderr[-2000:]
+    assert not (out / "ckpt").exists() or not list((out / "ckpt").iterdir())
+    r = run(["rl.lr=inf"], tmp_path / "b")
+    assert r.returncode == 2 and "rl.lr = inf: must be finite" in r.stderr
+
+
+def test_non_finite_rl_update_is_not_saved(tmp_path, monkeypatch):
+    """An RL update whose loss comes back NaN stops the run before the step's checkpoint: the latest
+    checkpoint on disk is SFT's last, with finite weights."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import train
+    import d3mini.rl
+    real = d3mini.rl.rl_step
+
+    def nan_step(*a, **k):
+        m = real(*a, **k)
+        return {**m, "loss": float("nan")}
+    monkeypatch.setattr(d3mini.rl, "rl_step", nan_step)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    out = tmp_path / "run"
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(FloatingPointError, match="rl step 0: loss is nan"):
+            train.main(["--config", os.path.join(ROOT, "configs/tiny.yaml"), f"train.out_dir={out}", *SMOKE,
+                        "train.stages=[sft,rl]", "train.save_every=1", "eval.sweep=[1.0]", "eval.thresholds=[1.0]",
+                        "train.threads=1"])
+    finally:
+        torch.set_num_threads(threads)
+    steps = sorted(p.name for p in (out / "ckpt").iterdir())
+    assert steps[-1] == "step_00000003"  # SFT's 3 steps; no RL checkpoint
+    from safetensors.torch import load_file
+    assert all(torch.isfinite(v).all() for v in load_file(str(out / "ckpt" / steps[-1] / "model.safetensors")).values())
+
+
+def test_metrics_log_drops_a_record_cut_short(tmp_path):
+    """A crash mid-write leaves half a line in metrics.jsonl; the next run's logger drops it, so every line
+    stays one JSON record."""
+    sys.path.insert(0, ROOT)
+    from types import SimpleNamespace
+    import train
+    (tmp_path / "metrics.jsonl").write_text('{"stage": "sft", "step": 1}\n{"stage": "sft", "st')
+    cfg = SimpleNamespace(train=SimpleNamespace(out_dir=str(tmp_path), wandb=False))
+    log = train.Logger(cfg, SimpleNamespace(is_main=True))
+    log.log({"stage": "sft", "step": 2})
+    assert [json.loads(l)["step"] for l in open(tmp_path / "metrics.jsonl")] == [1, 2]

@@ -10,7 +10,7 @@ when the env itself fails):
     POST /step        {"env_id", "action", "seq"?: int}  -> {"observation", "reward", "done", "info", "seq"}
     POST /step_batch  [{"env_id", "action", "seq"?}, ...] -> [step response or {"error"}, ...]
     POST /close       {"env_id"}                          -> {}
-    GET  /health                                          -> {"ok": true, "env", "sessions", "expired"}
+    GET  /health                                          -> {"ok": true, "env", "sessions", "expired", "config"}
 
 ``seq`` makes retries safe: it is the number of steps the client has completed in the session;
 a step whose seq is one behind the session's is a retry of the last one and gets the stored
@@ -35,6 +35,32 @@ from urllib.parse import urlsplit
 from d3mini.envs import REGISTRY, EnvError, EnvInputError, make_env
 
 MAX_BODY = 16 << 20  # bytes
+
+
+# EnvConfig fields that decide which tasks a server's envs hold and what they show: a client with other
+# values would be scored on other tasks than it asked for (the rest, prompts and HTTP settings, are the client's)
+SERVED_FIELDS = ("name", "seed", "num_products", "num_goals", "num_test_goals", "asin_chars", "obs_format",
+                 "data_dir", "topk", "retriever_url")
+
+
+def check_server(url: str, env_cfg: Any = None, timeout: float = 5.0) -> dict:
+    """GET <url>/health; EnvError when nothing answers there or, given the client's env_cfg, when the server
+    builds its envs from other SERVED_FIELDS values. Returns the health record."""
+    import requests
+    try:
+        r = requests.get(url.rstrip("/") + "/health", timeout=timeout)
+        r.raise_for_status()
+        health = r.json()
+    except Exception as e:  # connection refused, timeout, an HTTP error, a non-JSON answer
+        raise EnvError(f"env.server_url = {url!r} is unreachable: {e}") from None
+    served = health.get("config") if isinstance(health, dict) else None
+    if env_cfg is not None and isinstance(served, dict):
+        diff = [f"{k}: server {served[k]!r}, here {getattr(env_cfg, k)!r}" for k in SERVED_FIELDS
+                if k in served and served[k] != getattr(env_cfg, k)]
+        if diff:
+            raise EnvError(f"env.server_url = {url!r} serves envs built from other settings ({'; '.join(diff)}); "
+                           f"start the server with the same env.* values")
+    return health
 
 
 class HTTPError(Exception):
@@ -205,7 +231,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             with self.server.lock:
                 n = len(self.server.sessions)
-            self._send(200, {"ok": True, "env": self.server.cfg.name, "sessions": n, "expired": self.server.expired})
+            served = {k: getattr(self.server.cfg, k) for k in SERVED_FIELDS}
+            self._send(200, {"ok": True, "env": self.server.cfg.name, "sessions": n, "expired": self.server.expired,
+                             "config": served})
         else:
             self._send(404 if self.path not in ROUTES else 405, {"error": f"GET {self.path}: use GET /health or POST {sorted(ROUTES)}"})
 
