@@ -415,8 +415,9 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
                                      7919, step)
         samples = samples[: len(samples) - len(samples) % info.world]  # every rank trains an equal slice
         if not samples:
-            raise FloatingPointError(f"rl step {step}: the rollout produced no usable step samples "
-                                     f"({rm['failed_episodes']} failed episodes)")
+            first = next((e["failed"] for e in rm.get("episodes", []) if e.get("failed")), None)
+            why = f"{rm['failed_episodes']} failed episodes" + (f"; first: {first}" if first else "")
+            raise FloatingPointError(f"rl step {step}: the rollout produced no usable step samples ({why})")
         with autocast(cfg):
             metrics = rl_step(model, opt, samples, cfg.rl, ref_model=ref, rollout_metrics=rm, rank=info.rank,
                               world=info.world, grad_clip=cfg.train.grad_clip, clip_fn=dist.clip_grad_norm,
