@@ -394,15 +394,32 @@ def test_teacher_step_micro_batching_and_off_switch():
     assert "teacher_kl" not in stats[2] and not torch.allclose(grads[0], grads[2])
 
 
+def _gate_case(score: str):
+    """Samples, policy, teacher, a batch scored as `score` says, and both models' logits on it."""
+    samples = think_samples(6, 5)
+    model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=3)
+    b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(2), score=score)
+    return samples, model, teacher, b, distill_logits(model, b), distill_logits(teacher, b)
+
+
+def _gated_terms(samples, b, logits, teacher_logits, m, c, cfg):
+    """By hand: the sharpening terms on the gated masks m / c and the teacher's KL over the response tokens
+    masked in each copy that the gate left out, normalised by all of them (teacher_on "response")."""
+    (lg, lgc), (tg, tgc), s0 = logits, teacher_logits, b.start
+    sharp, _ = distill_terms(lg, lgc, b.ids[:, s0:], m, c, cfg, float(b.masked.sum()), float(b.comp.sum()))
+    resp = torch.zeros_like(b.masked)
+    for i, smp in enumerate(samples):
+        resp[i, len(smp.prompt_ids):len(smp.prompt_ids) + len(smp.response_ids)] = True
+    wn, wc = (resp & (b.masked | b.hidden))[:, s0:], (resp & (b.comp | b.hidden))[:, s0:]
+    kl = (kl_sum(tg, lg, wn & ~m) + kl_sum(tgc, lgc, wc & ~c)) / float(wn.sum() + wc.sum())
+    return sharp, kl
+
+
 def test_teacher_gate_sharpens_only_what_the_teacher_is_sure_of():
     """teacher_gate g: scored tokens whose teacher top probability is below g leave the CE / entropy terms
     (still counted in their means) and join the KL; the others are sharpened and not KL'd. Checked per position
     from the teacher's probabilities against distill_terms on hand-gated masks."""
-    samples = think_samples(6, 5)
-    model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=3)
-    b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(2), score="think")
-    lg, lgc = distill_logits(model, b)
-    tg, tgc = distill_logits(teacher, b)
+    samples, model, teacher, b, (lg, lgc), (tg, tgc) = _gate_case("think")
     s0 = b.start
     top, top_c = tg.softmax(-1).amax(-1), tgc.softmax(-1).amax(-1)
     g = float(torch.cat([top[b.masked[:, s0:]], top_c[b.comp[:, s0:]]]).median().detach())  # gates about half
@@ -411,12 +428,7 @@ def test_teacher_gate_sharpens_only_what_the_teacher_is_sure_of():
     m, c = b.masked[:, s0:] & (top >= g), b.comp[:, s0:] & (top_c >= g)
     assert 0 < int(m.sum() + c.sum()) < int(b.masked.sum() + b.comp.sum())
     assert st["teacher_unsure"] == float((b.masked[:, s0:] & (top < g)).sum() + (b.comp[:, s0:] & (top_c < g)).sum())
-    sharp, _ = distill_terms(lg, lgc, b.ids[:, s0:], m, c, cfg, float(b.masked.sum()), float(b.comp.sum()))
-    resp = torch.zeros_like(b.masked)
-    for i, smp in enumerate(samples):
-        resp[i, len(smp.prompt_ids):len(smp.prompt_ids) + len(smp.response_ids)] = True
-    wn, wc = (resp & (b.masked | b.hidden))[:, s0:], (resp & (b.comp | b.hidden))[:, s0:]
-    kl = (kl_sum(tg, lg, wn & ~m) + kl_sum(tgc, lgc, wc & ~c)) / float(wn.sum() + wc.sum())
+    sharp, kl = _gated_terms(samples, b, (lg, lgc), (tg, tgc), m, c, cfg)
     assert float(loss.detach()) == pytest.approx(float((sharp + 0.5 * kl / 4).detach()), rel=1e-5)
     assert st["teacher_kl"] == pytest.approx(float(kl.detach()), rel=1e-5)
     everything, _ = distill_loss(model, b, DistillConfig(score="think", teacher_gate=1.0), teacher=teacher)
@@ -427,11 +439,7 @@ def test_gate_on_action_leaves_the_think_text_to_the_ce():
     """gate_on "action" (score all): every masked think token is sharpened, an action token only where the
     teacher's top probability reaches the gate; the loss equals distill_terms on those hand-gated masks plus
     the KL on the rest."""
-    samples = think_samples(6, 5)
-    model, teacher = tiny("sdar", seed=0), tiny("sdar", seed=3)
-    b = build_batch(samples, "sdar", 4, 0.0, 0.8, "confidence", PAD, torch.Generator().manual_seed(2), score="all")
-    lg, lgc = distill_logits(model, b)
-    tg, tgc = distill_logits(teacher, b)
+    samples, model, teacher, b, (lg, lgc), (tg, tgc) = _gate_case("all")
     s0 = b.start
     act = b.action[:, s0:]
     top, top_c = tg.softmax(-1).amax(-1), tgc.softmax(-1).amax(-1)
@@ -443,12 +451,7 @@ def test_gate_on_action_leaves_the_think_text_to_the_ce():
     assert int(think_scored.sum()) > 0 and bool(((m | c) >= think_scored).all())  # no think token gated
     unsure = (b.masked[:, s0:] & act & (top < g)).sum() + (b.comp[:, s0:] & act & (top_c < g)).sum()
     assert st["teacher_unsure"] == float(unsure) > 0
-    sharp, _ = distill_terms(lg, lgc, b.ids[:, s0:], m, c, cfg, float(b.masked.sum()), float(b.comp.sum()))
-    resp = torch.zeros_like(b.masked)
-    for i, smp in enumerate(samples):
-        resp[i, len(smp.prompt_ids):len(smp.prompt_ids) + len(smp.response_ids)] = True
-    wn, wc = (resp & (b.masked | b.hidden))[:, s0:], (resp & (b.comp | b.hidden))[:, s0:]
-    kl = (kl_sum(tg, lg, wn & ~m) + kl_sum(tgc, lgc, wc & ~c)) / float(wn.sum() + wc.sum())
+    sharp, kl = _gated_terms(samples, b, (lg, lgc), (tg, tgc), m, c, cfg)
     assert float(loss.detach()) == pytest.approx(float((sharp + 0.5 * kl / 4).detach()), rel=1e-5)
     with pytest.raises(ValueError, match="gate_on"):
         distill_loss(model, b, DistillConfig(teacher_gate=0.5, gate_on="think"), teacher=teacher)
