@@ -301,11 +301,13 @@ def eval_main(ns, overrides: list) -> int:
         raise ConfigError(f"decode.block_size = {K} must equal the checkpoint's block_size = {model.cfg.block_size}")
 
     rows = evaluate(model, tok, cfg, taus, cfg.eval.split, cfg.eval.num_tasks, progress=sys.stderr.isatty())
-    for r in rows:  # a table of env failures would read as a 0 % model
-        if r["num_episodes"] and r["failed_episodes"] == r["num_episodes"]:
-            first = next((e["failed"] for e in r.get("episodes", []) if e.get("failed")), "")
-            raise UsageError(f"every episode at tau {r['threshold']} failed in the env, nothing was scored "
-                             f"(first: {first})")
+    from d3mini.envs import EnvError
+    from d3mini.rollout import check_some_scored
+    try:
+        for r in rows:
+            check_some_scored(r, f"tau {r['threshold']}")
+    except EnvError as e:
+        raise UsageError(str(e)) from None
     summaries = [aup_summary(rows, cfg.eval.alpha, cfg.eval.y_max, tpf) for tpf in ("tpf_denoise", "tpf_total")]
     record = run_record(cfg, ckpt=ckpt, model=model, num_tasks=rows[0]["num_tasks"],
                         extra={"thresholds": taus, "split": cfg.eval.split})

@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -31,11 +32,11 @@ import torch
 from d3mini import dist
 from d3mini.config import ConfigError, load_config, save_config, to_dict
 from d3mini.data import Tokenizer, build_tiny_tokenizer
-from d3mini.envs import env_module
+from d3mini.envs import EnvError, env_module
 from d3mini.lora import apply_lora
 from d3mini.metrics import task_invalid, task_outcomes
 from d3mini.model import DiffusionLM
-from d3mini.rollout import format_samples, rollout
+from d3mini.rollout import check_some_scored, first_failure, format_samples, rollout
 
 
 # ----------------------------------------------------------------------------- setup
@@ -82,7 +83,6 @@ def check_startup(cfg, info):
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")
     if cfg.env.server_url:
-        from d3mini.envs import EnvError
         from d3mini.envs.server import check_server
         try:
             check_server(cfg.env.server_url, cfg.env)
@@ -415,7 +415,7 @@ def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
                                      7919, step)
         samples = samples[: len(samples) - len(samples) % info.world]  # every rank trains an equal slice
         if not samples:
-            first = next((e["failed"] for e in rm.get("episodes", []) if e.get("failed")), None)
+            first = first_failure(rm)
             why = f"{rm['failed_episodes']} failed episodes" + (f"; first: {first}" if first else "")
             raise FloatingPointError(f"rl step {step}: the rollout produced no usable step samples ({why})")
         with autocast(cfg):
@@ -549,7 +549,7 @@ def git_commit() -> str:
     return (commit + ("+" if dirty.stdout.strip() else "")) if head.returncode == 0 and commit else "unknown"
 
 
-def start_run_record(cfg, info, resume: bool, command: str, t0: float = None) -> dict:
+def start_run_record(cfg, info, resume: bool, command: str, t0: Optional[float] = None) -> dict:
     """<out_dir>/run.json: the command of every piece of the run (the start, then each resume), the
     commits they ran (one more each time a resume ran other code) and the wall-clock summed over the
     pieces, so a resumed run's table reports the whole run."""
@@ -676,6 +676,7 @@ def run_eval(cfg, model, tok, stage, info, log):
         with torch.no_grad(), autocast(cfg):
             _, m = rollout(model, tok, cfg.env, _decode(cfg, threshold=float(tau), temperature=0.0), ids,
                            seed=cfg.train.seed, batch_size=cfg.eval.batch_episodes)
+        check_some_scored(m, f"eval after {stage} at tau {tau}")  # the stage's checkpoint is on disk: resume
         row = {"threshold": float(tau), **{k: v for k, v in m.items() if k != "episodes"}}
         row["wins"] = task_outcomes(ids, m["episodes"])  # per task, for the paired stage-to-stage change
         row["invalid"] = task_invalid(ids, m["episodes"])  # invalid actions per task, paired the same way
@@ -818,7 +819,7 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, FloatingPointError, dist.CheckpointError) as e:
+    except (ConfigError, FloatingPointError, dist.CheckpointError, EnvError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -198,6 +198,18 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
     return samples, episode_metrics(eps, time.time() - t0, t_decode, t_relabel)
 
 
+def first_failure(m: dict) -> Optional[str]:
+    """The env error of the first failed episode in rollout metrics `m` (its "episodes"), or None."""
+    return next((e["failed"] for e in m.get("episodes", []) if e.get("failed")), None)
+
+
+def check_some_scored(m: dict, where: str) -> None:
+    """EnvError when every episode of rollout metrics `m` failed in the env: their table would read as a
+    model that wins nothing."""
+    if m["num_episodes"] and m["failed_episodes"] == m["num_episodes"]:
+        raise EnvError(f"{where}: every episode failed in the env, nothing was scored (first: {first_failure(m)})")
+
+
 def episode_metrics(eps: list, wall: float, t_decode: float, t_relabel: float = 0.0) -> dict:
     ok = [e for e in eps if not e.failed]
     n = max(len(ok), 1)

@@ -321,7 +321,7 @@ def test_eval_refuses_what_would_lose_or_fake_results(tmp_path, ckpt, capsys, mo
     rc = EV.main(["--config", _config(tmp_path, str(tmp_path / "e")), "--ckpt", ckpt, "--threshold", "1.0",
                   "--num-tasks", "2"])
     err = capsys.readouterr().err
-    assert rc == 2 and "every episode at tau 1.0 failed" in err and "the env is gone" in err
+    assert rc == 2 and "tau 1.0: every episode failed in the env" in err and "the env is gone" in err
     assert not (tmp_path / "e.json").exists()
 
 

@@ -523,3 +523,28 @@ def test_metrics_log_drops_a_record_cut_short(tmp_path):
     log = train.Logger(cfg, SimpleNamespace(is_main=True))
     log.log({"stage": "sft", "step": 2})
     assert [json.loads(l)["step"] for l in open(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_stage_evaluation_refuses_a_table_of_env_failures(tmp_path, monkeypatch):
+    """Every held-out episode failing in the env (a dead server) stops the run with the env's error instead of
+    writing a 0 % row; the stage's checkpoint is already on disk, so a resume evaluates again."""
+    sys.path.insert(0, ROOT)
+    from types import SimpleNamespace
+
+    import torch
+    import train
+    from d3mini import dist
+    from d3mini.config import load_config
+    from d3mini.envs import EnvError
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [f"train.out_dir={tmp_path}", *SMOKE])
+    mc = cfg.model
+    tok = SimpleNamespace(vocab_size=mc.vocab_size, mask_id=mc.vocab_size - 1, pad_id=0, stop_ids=[1], bos_id=None)
+    info = dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
+    model = train.build_model(cfg, tok, info)
+
+    def dead(env_cfg):
+        raise EnvError("connection refused")
+    monkeypatch.setattr("d3mini.rollout.make_env", dead)
+    log = SimpleNamespace(log=lambda rec: None)
+    with pytest.raises(EnvError, match=r"eval after rl at tau 1.0: every episode failed .*connection refused"):
+        train.run_eval(cfg, model, tok, "rl", info, log)
