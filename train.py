@@ -167,11 +167,12 @@ class Logger:
         self.main = info.is_main
         self.path = os.path.join(cfg.train.out_dir, "metrics.jsonl")
         self.wandb = None
-        if self.main and os.path.exists(self.path):  # a record cut short by a crash: drop it, keep the rest
-            with open(self.path, "rb+") as f:
-                data = f.read()
-                if data and not data.endswith(b"\n"):
-                    f.truncate(data.rfind(b"\n") + 1)
+        if self.main and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            with open(self.path, "rb+") as f:  # a record cut short by a crash: drop it, keep the rest
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.seek(0)
+                    f.truncate(f.read().rfind(b"\n") + 1)
         if self.main and cfg.train.wandb:
             try:
                 import wandb
