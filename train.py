@@ -7,7 +7,8 @@ Stages run in the order of `train.stages`. Every rank holds the whole (determini
 rollout batch and trains on its slice of each global batch, with loss normalisers computed over
 the global batch, so 1 process and N processes take the same optimizer steps (dist.py sums the
 gradients). Checkpoints (model, optimizer, scheduler, RNG, stage, step, cursors) are written
-every `train.save_every` steps; `--resume` continues from the latest intact one. After each stage
+every `train.save_every` steps and when the run is stopped (Ctrl-C or SIGTERM: the step in progress ends
+and is saved; a second Ctrl-C stops at once); `--resume` continues from the latest intact one. After each stage
 the model is evaluated on held-out tasks and a results table is written to <out_dir>/results.md.
 
 <out_dir> holds: config.yaml, tokenizer.json, metrics.jsonl (one line per step and evaluation),
@@ -22,6 +23,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from typing import Optional
@@ -582,7 +584,11 @@ def update_run_record(is_main: bool) -> dict:
 
 
 def maybe_save(cfg, model, opt, sch, stage, step, total):
-    if step % cfg.train.save_every == 0 or step == total:
+    """A checkpoint every train.save_every steps, at the stage's end and when a stop was asked for (request_stop);
+    then the stop is carried out (Stopped). Every rank calls this after every step, so all stop at the same one."""
+    signal_point(stage, step)
+    stop = stop_requested()
+    if stop or step % cfg.train.save_every == 0 or step == total:
         bad = sum(int(not torch.isfinite(getattr(p, "to_local", lambda: p)()).all()) for p in model.parameters())
         if dist.all_reduce_sum(float(bad)) > 0:  # never a checkpoint that a resume could not train on
             raise FloatingPointError(f"{stage} step {step}: {bad} weight tensors are not finite; not saved, the last "
@@ -591,6 +597,39 @@ def maybe_save(cfg, model, opt, sch, stage, step, total):
                   extra={"stage": stage, "stage_index": _STATE["stage_index"], "stage_step": step,
                          "done": step == total}, keep=cfg.train.keep_checkpoints)
         update_run_record(dist.is_main())
+    if stop:
+        raise Stopped(f"{stage} step {step}")
+
+
+# ----------------------------------------------------------------------------- stopping
+class Stopped(Exception):
+    """A stop asked for by a signal, carried out at a step boundary after its checkpoint was written."""
+
+
+def request_stop(signum, frame):
+    """Signal handler (the main process's SIGINT and SIGTERM): the first signal asks the run to stop after the
+    step in progress, which is then checkpointed (maybe_save); a second Ctrl-C stops at once, losing the steps
+    since the last checkpoint. SIGTERM never stops at once: torchrun answers Ctrl-C by sending it to its workers,
+    and a batch scheduler sends it before the kill."""
+    name = signal.Signals(signum).name
+    if _STATE.get("stop") and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if not _STATE.get("stop"):
+        print(f"\n{name}: stopping when the step (or evaluation) in progress ends, with a checkpoint of it; "
+              "Ctrl-C again stops now", file=sys.stderr, flush=True)
+    _STATE["stop"] = name
+
+
+def stop_requested() -> bool:
+    """Whether any rank was asked to stop (a collective: every rank calls it at the same point)."""
+    return dist.all_reduce_sum(float(bool(_STATE.get("stop")))) > 0
+
+
+def signal_point(stage: str, step: int):
+    """Fault injection for the stop test: D3MINI_SIGNAL_AT=<stage>:<step> sends this process a SIGINT right
+    after that step's update, as a Ctrl-C would during the step."""
+    if os.environ.get("D3MINI_SIGNAL_AT") == f"{stage}:{step}":
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def crash_point(stage: str, step: int):
@@ -812,17 +851,25 @@ def main(argv=None):
             if info.is_main:
                 write_json(results_path, results)
             update_run_record(info.is_main)
+        if stop_requested():  # asked during the evaluation: the stage's last checkpoint is already written
+            raise Stopped(f"the end of stage {stage}")
     dist.export_hf(model, tok, os.path.join(cfg.train.out_dir, "export"), layout="native")
     write_results(cfg, results, info, update_run_record(info.is_main))
     dist.teardown()
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
     try:
         main()
     except (ConfigError, FloatingPointError, dist.CheckpointError, EnvError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Stopped as e:
+        print(f"stopped at {e} ({_STATE['stop']}), checkpoint written: the run goes on from there with the same "
+              "command and --resume", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         print("\ninterrupted: the run goes on from its last checkpoint with the same command and --resume",
               file=sys.stderr)

@@ -65,8 +65,17 @@ def main():
     for r in ("think", "action", "after"):
         print(f"| {r} | {tokens[r]} | {forced[r]} | {forced[r] / max(tokens[r], 1):.2f} | "
               f"{forced[r] / max(sum(forced.values()), 1):.2f} |")
-    # an invalid action leaves the page as it was, so the greedy policy repeats it: count each episode once
     kind = getattr(env_module(cfg.env.name), "action_kind", lambda a: a.split("[", 1)[0].strip())
+    by = collections.defaultdict(lambda: [0, 0, 0])  # action kind -> [steps, forwards, tokens]
+    for s in samples:
+        k = by[kind(s.action)]
+        k[0], k[1], k[2] = k[0] + 1, k[1] + len(set(s.trace)), k[2] + len(s.response_ids)
+    nf = max(sum(v[1] for v in by.values()), 1)
+    print("\n| action kind | steps | forwards per step | tokens per step | share of all forwards |")
+    print("|---|---|---|---|---|")
+    for k, (n, f, t) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {k} | {n} | {f / n:.2f} | {t / n:.1f} | {f / nf:.2f} |")
+    # an invalid action leaves the page as it was, so the greedy policy repeats it: count each episode once
     first = {}
     for s in samples:
         if not s.valid:

@@ -127,9 +127,10 @@ def _assert_same_weights(a, b, atol):
 
 
 def test_killed_mid_stage_and_resumed_equals_uninterrupted(tmp_path):
-    """A run killed abruptly (os._exit, no cleanup) inside SFT and again inside distill, then resumed
-    each time, ends with the same weights, metrics and eval results as an uninterrupted run. RL's KL
-    reference and distillation's teacher are on: the resumed distillation reads its teacher back from disk."""
+    """A run killed abruptly (os._exit, no cleanup) inside SFT, stopped by a Ctrl-C inside RL and killed
+    again inside distill, then resumed each time, ends with the same weights, metrics and eval results as
+    an uninterrupted run. RL's KL reference and distillation's teacher are on: the resumed distillation
+    reads its teacher back from disk."""
     args = ["sft.steps=5", "rl.steps=2", "distill.steps=3", "train.save_every=2", "train.threads=1",
             "eval.sweep=[1.0]", "rl.kl=k3", "distill.teacher_weight=1.0"]
     a, b = tmp_path / "a", tmp_path / "b"
@@ -140,13 +141,22 @@ def test_killed_mid_stage_and_resumed_equals_uninterrupted(tmp_path):
         r = run(args, b)
         assert r.returncode == 75, r.stderr[-3000:]  # died after sft step 3; last checkpoint at step 2
         assert not (b / "results.json").exists()
+        del os.environ["D3MINI_CRASH_AT"]
+        os.environ["D3MINI_SIGNAL_AT"] = "rl:1"  # a Ctrl-C during RL step 1, between save_every's checkpoints
+        r = run(args + ["--resume"], b)
+        assert r.returncode == 130, r.stderr[-3000:]
+        assert "stopping when the step" in r.stderr and "stopped at rl step 1" in r.stderr
+        assert "step_00100001" in os.listdir(b / "ckpt")  # the step in progress, saved
+        assert set(json.load(open(b / "results.json"))) == {"sft"}
+        del os.environ["D3MINI_SIGNAL_AT"]
         os.environ["D3MINI_CRASH_AT"] = "distill:2"  # after distill's checkpoint at step 2
         r = run(args + ["--resume"], b)
         assert r.returncode == 75, r.stderr[-3000:]
         assert "resuming from" in r.stdout
         assert (b / "frozen" / "rl").is_dir() and (b / "frozen" / "distill").is_dir()  # reference, teacher
     finally:
-        del os.environ["D3MINI_CRASH_AT"]
+        for k in ("D3MINI_CRASH_AT", "D3MINI_SIGNAL_AT"):
+            os.environ.pop(k, None)
     r = run(args + ["--resume"], b)
     assert r.returncode == 0, r.stderr[-3000:]
     _assert_same_weights(_weights(a), _weights(b), atol=0)
@@ -510,6 +520,27 @@ def test_non_finite_rl_update_is_not_saved(tmp_path, monkeypatch):
     assert steps[-1] == "step_00000003"  # SFT's 3 steps; no RL checkpoint
     from safetensors.torch import load_file
     assert all(torch.isfinite(v).all() for v in load_file(str(out / "ckpt" / steps[-1] / "model.safetensors")).values())
+
+
+def test_stop_signals_ask_once_and_a_second_ctrl_c_stops_at_once(monkeypatch):
+    """The first SIGINT or SIGTERM only asks for a stop (carried out after the step in progress, with its
+    checkpoint: test_killed_mid_stage_and_resumed_equals_uninterrupted); a second SIGINT raises at once, a
+    second SIGTERM (torchrun's answer to a Ctrl-C) does not."""
+    import signal
+    sys.path.insert(0, ROOT)
+    import train
+    monkeypatch.setitem(train._STATE, "stop", None)
+    train.request_stop(signal.SIGTERM, None)
+    assert train._STATE["stop"] == "SIGTERM" and train.stop_requested()
+    train.request_stop(signal.SIGTERM, None)
+    with pytest.raises(KeyboardInterrupt):
+        train.request_stop(signal.SIGINT, None)
+    monkeypatch.setitem(train._STATE, "stop", None)
+    assert not train.stop_requested()
+    train.request_stop(signal.SIGINT, None)
+    assert train._STATE["stop"] == "SIGINT"
+    with pytest.raises(KeyboardInterrupt):
+        train.request_stop(signal.SIGINT, None)
 
 
 def test_metrics_log_drops_a_record_cut_short(tmp_path):
