@@ -5,6 +5,7 @@
     python eval.py --aup 1.447:3.4 2.944:57.2 --alpha 3          # AUP of given TPF:ACC points, no model
     python eval.py --compare runs/a/eval.json runs/b/eval.json    # success and invalid actions: paired change, no model
     python eval.py --ckpt runs/tiny/ckpt/step_00100020 --threshold 0.95   # a resumable training checkpoint
+    python eval.py --threshold 0.95       # no --ckpt: model.path, else the finished run in train.out_dir (runs/tiny)
 
 --ckpt takes an exported folder (config.json, safetensors, tokenizer.json) or one of train.py's
 resumable `<out_dir>/ckpt/step_*` folders; the latter is built from the run's config.yaml and
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="other arguments are config overrides: section.key=value")
     p.add_argument("--config", help="YAML config (defaults when omitted)")
     p.add_argument("--ckpt", help="checkpoint folder: config.json, *.safetensors, tokenizer.json "
-                                  "(default: model.path)")
+                                  "(default: model.path, else <train.out_dir>/export of a finished run)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--threshold", help="one decode threshold tau in [0, 1]")
     g.add_argument("--sweep", help="START:STOP:STEP (ends included) or T1,T2,...; default eval.sweep")
@@ -250,9 +251,27 @@ def write_results(prefix: str, rows: list, summaries: list, record: dict, label:
     return paths + ([png] if png else [])
 
 
+def default_checkpoint(config, overrides: list) -> tuple:
+    """No --ckpt: (model.path, --config) when the config sets it, else the finished run in the config's
+    train.out_dir (runs/tiny by default): (its export, its config.yaml), so `python eval.py --threshold 0.95`
+    after `python train.py --config configs/tiny.yaml` evaluates what that run trained, on its own tasks."""
+    base = load_config(config, overrides)
+    if base.model.path:
+        return base.model.path, config
+    run = base.train.out_dir
+    if not (os.path.isfile(os.path.join(run, "export", "config.json")) and os.path.isfile(os.path.join(run, "config.yaml"))):
+        raise UsageError(f"no --ckpt and no model.path, and train.out_dir {run} holds no finished run (export/ and "
+                         "config.yaml): pass --ckpt DIR, or train first (python train.py --config configs/tiny.yaml)")
+    print(f"evaluating {os.path.join(run, 'export')}, the run in {run} (--ckpt picks another)", file=sys.stderr)
+    return os.path.join(run, "export"), config or os.path.join(run, "config.yaml")
+
+
 def eval_main(ns, overrides: list) -> int:
-    run = run_dir_of(ns.ckpt) if ns.ckpt and os.path.isdir(ns.ckpt) else None
-    config = ns.config or (os.path.join(run, "config.yaml") if run else None)  # the run's env and decoder
+    ckpt, config = ns.ckpt, ns.config
+    if ckpt is None:
+        ckpt, config = default_checkpoint(config, overrides)
+    run = run_dir_of(ckpt) if os.path.isdir(ckpt) else None
+    config = config or (os.path.join(run, "config.yaml") if run else None)  # the run's env and decoder
     cfg = load_config(config, overrides)
     if ns.threshold is not None:
         taus = [check_threshold(_number(ns.threshold, "--threshold"))]
@@ -266,9 +285,6 @@ def eval_main(ns, overrides: list) -> int:
     cfg.eval = dataclasses.replace(ev, split=ns.split or ev.split, alpha=ev.alpha if ns.alpha is None else ns.alpha,
                                    y_max=ev.y_max if ns.y_max is None else ns.y_max, out=ns.out or ev.out,
                                    num_tasks=ev.num_tasks if ns.num_tasks is None else ns.num_tasks)
-    ckpt = ns.ckpt or cfg.model.path
-    if not ckpt:
-        raise UsageError("--ckpt DIR is required (or set model.path)")
     check_checkpoint(ckpt)
     prefix = cfg.eval.out or os.path.join(cfg.train.out_dir, "eval")
     if os.path.isdir(prefix) or prefix.endswith(os.sep):

@@ -1,7 +1,10 @@
 """Train a diffusion-LLM agent: SFT -> reward-gated agentic RL -> online self-distillation.
 
     python train.py --config configs/tiny.yaml [section.key=value ...] [--resume]
-    torchrun --nproc_per_node 4 train.py --config configs/webshop.yaml
+    torchrun --nproc_per_node 4 train.py --config webshop.yaml      # a bare name is looked up in configs/
+
+Overrides are dotted config keys (d3mini/config.py lists every one with its meaning): `rl.lr=1e-5`,
+`--rl.kl k3`, `"eval.sweep=[1.0,0.95]"`.
 
 Stages run in the order of `train.stages`. Every rank holds the whole (deterministic) data and
 rollout batch and trains on its slice of each global batch, with loss normalisers computed over
@@ -43,6 +46,11 @@ from d3mini.rollout import check_some_scored, first_failure, format_samples, rol
 
 # ----------------------------------------------------------------------------- setup
 def parse_args(argv):
+    """--config FILE (a path, or a bare name in configs/), --resume, and dotted overrides (section.key=value or
+    --section.key value); -h / --help prints this module's usage."""
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        raise SystemExit(0)
     cfg_path, resume, rest = None, False, []
     i = 0
     while i < len(argv):

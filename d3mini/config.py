@@ -417,12 +417,27 @@ def _apply(obj: Any, data: dict, src: str, prefix: str = "") -> None:
             setattr(obj, key, _coerce(value, hints[key], f"{src}: {dotted}"))
 
 
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def find_config(path: str) -> str:
+    """The config file `path` names: the path itself, else a bare name (`webshop.yaml`, `webshop`) looked up in
+    the project's configs/ folder, so `train.py --config webshop.yaml` works from anywhere."""
+    if os.path.exists(path):
+        return path
+    if os.path.dirname(path) == "":
+        for name in (path, path + ".yaml"):
+            if os.path.isfile(os.path.join(CONFIG_DIR, name)):
+                return os.path.join(CONFIG_DIR, name)
+    known = sorted(f for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml")) if os.path.isdir(CONFIG_DIR) else []
+    raise ConfigError(f"{path}: config file not found" + (f" (configs/ has {', '.join(known)})" if known else ""))
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list] = None) -> Config:
-    """Defaults <- YAML file <- CLI overrides, then validated."""
+    """Defaults <- YAML file (find_config) <- CLI overrides, then validated."""
     cfg = Config()
     if path is not None:
-        if not os.path.exists(path):
-            raise ConfigError(f"{path}: config file not found")
+        path = find_config(path)
         try:
             with open(path) as f:
                 data = yaml.safe_load(f) or {}

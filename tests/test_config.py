@@ -65,6 +65,18 @@ def test_cli_errors():
         load_config(None, ["rl.lr"])
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("/nonexistent.yaml")
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found \(configs/ has .*tiny\.yaml"):
+        load_config("nope.yaml")
+
+
+def test_a_bare_config_name_is_found_in_configs(tmp_path, monkeypatch):
+    """`train.py --config webshop.yaml` (the documented command) from any folder: a bare name that is not a file
+    there is the project's configs/ file, with or without .yaml; a file of that name where the command runs wins."""
+    monkeypatch.chdir(tmp_path)
+    assert load_config("webshop.yaml") == load_config(os.path.join(ROOT, "configs", "webshop.yaml"))
+    assert load_config("tiny").model.hidden_size == load_config(os.path.join(ROOT, "configs", "tiny.yaml")).model.hidden_size
+    (tmp_path / "webshop.yaml").write_text("model:\n  hidden_size: 96\n")
+    assert load_config("webshop.yaml").model.hidden_size == 96
 
 
 def test_unreadable_config_files(tmp_path):

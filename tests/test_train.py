@@ -65,6 +65,13 @@ def test_tiny_pipeline_smoke_and_resume(tmp_path):
     assert ev.returncode == 0, ev.stderr[-3000:]
     eps = json.load(open(tmp_path / "ev.json"))["results"][0]["episodes"]
     assert [int(e["won"]) for e in eps] == next(r["wins"] for r in res["distill"] if r["threshold"] == 1.0)
+    # without --ckpt: the finished run in train.out_dir (its export, with the run's config)
+    ev = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--threshold", "1.0", f"train.out_dir={out}",
+                         "--out", str(tmp_path / "ev2")], capture_output=True, text=True,
+                        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, cwd=ROOT, timeout=300)
+    assert ev.returncode == 0 and f"evaluating {out / 'export'}" in ev.stderr, ev.stderr[-3000:]
+    assert [int(e["won"]) for e in json.load(open(tmp_path / "ev2.json"))["results"][0]["episodes"]] == \
+        next(r["wins"] for r in res["distill"] if r["threshold"] == 1.0)
     # resuming a finished run does no new training and keeps the results
     r2 = run(["--resume"], out)
     assert r2.returncode == 0, r2.stderr[-3000:]
