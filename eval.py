@@ -345,4 +345,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # nothing is written before the evaluation ends
+        print("\ninterrupted: no results written", file=sys.stderr)
+        sys.exit(130)
