@@ -617,8 +617,9 @@ class Stopped(Exception):
 def request_stop(signum, frame):
     """Signal handler (the main process's SIGINT and SIGTERM): the first signal asks the run to stop after the
     step in progress, which is then checkpointed (maybe_save); a second Ctrl-C stops at once, losing the steps
-    since the last checkpoint. SIGTERM never stops at once: torchrun answers Ctrl-C by sending it to its workers,
-    and a batch scheduler sends it before the kill."""
+    since the last checkpoint. SIGTERM, a batch scheduler's notice before its kill, only ever asks. torchrun
+    forwards the signal it gets to its workers (each in its own session, so a terminal's Ctrl-C reaches them once)
+    and kills them 30 s later."""
     name = signal.Signals(signum).name
     if _STATE.get("stop") and signum == signal.SIGINT:
         raise KeyboardInterrupt

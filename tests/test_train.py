@@ -532,7 +532,7 @@ def test_non_finite_rl_update_is_not_saved(tmp_path, monkeypatch):
 def test_stop_signals_ask_once_and_a_second_ctrl_c_stops_at_once(monkeypatch):
     """The first SIGINT or SIGTERM only asks for a stop (carried out after the step in progress, with its
     checkpoint: test_killed_mid_stage_and_resumed_equals_uninterrupted); a second SIGINT raises at once, a
-    second SIGTERM (torchrun's answer to a Ctrl-C) does not."""
+    second SIGTERM (a scheduler's notice) does not."""
     import signal
     sys.path.insert(0, ROOT)
     import train
