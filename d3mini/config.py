@@ -212,6 +212,8 @@ class DistillConfig:
                                     # distilled (on-policy), the frozen teacher (a fixed target distribution), or
                                     # the policy's where the teacher, answering the same prompt, takes the same
                                     # action, else the teacher's (the policy's states, the teacher's decisions)
+    relabel_first: bool = False     # rollouts "relabel": the teacher's corrections always enter the batch_size cap
+                                    # (the agreeing samples fill the rest at random) instead of sharing it by chance
     teacher_gate: float = 0.0       # sharpen (CE, CE_comp, H) only tokens whose teacher top probability is at
                                     # least this; the teacher's KL covers the others; 0 = sharpen every token
     gate_on: str = "all"            # all | action: the scored tokens the gate filters; action = only the action's

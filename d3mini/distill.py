@@ -89,6 +89,18 @@ def select_samples(samples: list, cfg: DistillConfig) -> list:
     return out
 
 
+def cap_samples(kept: list, samples: list, cfg: DistillConfig, cap: int, gen=None) -> list:
+    """At most `cap` of the selected samples, drawn at random; with rollouts "relabel" and relabel_first,
+    the teacher's corrections (kept samples that are not among the policy's `samples`) go in first."""
+    if len(kept) <= cap:
+        return kept
+    pick = torch.randperm(len(kept), generator=gen).tolist()
+    if cfg.rollouts == "relabel" and cfg.relabel_first:
+        own = {id(s) for s in samples}
+        pick = [i for i in pick if id(kept[i]) not in own] + [i for i in pick if id(kept[i]) in own]
+    return [kept[i] for i in pick[:cap]]
+
+
 def mask_order(trace: list, confidence: Optional[list], tie_break: str, gen=None) -> list:
     """Response indices, latest-committed first: the order in which tokens get masked."""
     R = len(trace)
@@ -310,9 +322,7 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
         m["relabeled"] = float(sum(id(s) not in own for s in kept))
     if not kept:
         return {**m, "skipped": 1.0}
-    cap = max(cfg.batch_size // world, 1)
-    if len(kept) > cap:
-        kept = [kept[i] for i in torch.randperm(len(kept), generator=gen)[:cap].tolist()]
+    kept = cap_samples(kept, samples, cfg, max(cfg.batch_size // world, 1), gen)
     mc = model.cfg
     K = mc.block_size if mc.family == "sdar" else block_size_at(progress, cfg.block_sizes, mc.block_size)
     dev = next(model.parameters()).device

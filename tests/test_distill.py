@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from d3mini.config import DistillConfig, LoRAConfig, ModelConfig
-from d3mini.distill import (block_size_at, build_batch, distill_logits, distill_loss, distill_step, distill_terms, kl_sum,
+from d3mini.distill import (block_size_at, build_batch, cap_samples, distill_logits, distill_loss, distill_step, distill_terms, kl_sum,
                             mask_order, n_masked, r_floor, select_samples)
 from d3mini.lora import apply_lora
 from d3mini.model import DiffusionLM
@@ -187,6 +187,26 @@ def test_select_samples_relabel():
     cfg = DistillConfig(rollouts="relabel", only_valid=False, only_success=False)
     assert select_samples(s, cfg) == [s[0], s[1].relabel, s[2].relabel, s[3].relabel, s[4].relabel, s[5]]
     assert select_samples(s, DistillConfig(only_valid=False, only_success=False)) == s  # policy: no relabel
+
+
+def test_relabel_first_puts_every_correction_in_the_batch():
+    """The batch_size cap draws at random; relabel_first takes the teacher's corrections first."""
+    pol = []
+    for i in range(12):
+        own = dataclasses.replace(sample([5], [6, EOS], [0, 0], ep=i), action="a")
+        own.relabel = dataclasses.replace(sample([5], [7, EOS], [0, 1], ep=i), action="b" if i % 4 == 0 else "a")
+        pol.append(own)
+    on = DistillConfig(rollouts="relabel", only_success=False, relabel_first=True)
+    kept = select_samples(pol, on)
+    fixes = [s for s in kept if s.response_ids == [7, EOS]]
+    assert len(kept) == 12 and len(fixes) == 3
+    for seed in range(5):
+        got = cap_samples(kept, pol, on, 4, torch.Generator().manual_seed(seed))
+        assert len(got) == 4 and all(any(g is f for g in got) for f in fixes)
+    off = dataclasses.replace(on, relabel_first=False)  # by chance: some draws leave a correction out
+    assert any(sum(any(g is f for g in cap_samples(kept, pol, off, 4, torch.Generator().manual_seed(seed)))
+                   for f in fixes) < 3 for seed in range(5))
+    assert cap_samples(kept, pol, on, 20) == kept
 
 
 # ----------------------------------------------------------------------------- loss
