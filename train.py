@@ -34,13 +34,20 @@ from typing import Optional
 import numpy as np
 import torch
 
+# every d3mini module at start: a run keeps the code it started with, even if files change under it
 from d3mini import dist
 from d3mini.config import ConfigError, load_config, save_config, to_dict
 from d3mini.data import Tokenizer, build_tiny_tokenizer
-from d3mini.envs import EnvError, env_module
+from d3mini.decode import generate
+from d3mini.distill import distill_step, select_samples
+from d3mini.envs import EnvError, _canonical, env_module
+from d3mini.envs.server import check_server
 from d3mini.lora import apply_lora
-from d3mini.metrics import task_invalid, task_outcomes
+from d3mini.metrics import (AUPError, aup, paired_difference, paired_mean_difference, plot_acc_vs_tpf, success_ci,
+                            task_invalid, task_outcomes)
 from d3mini.model import DiffusionLM
+from d3mini.rl import (all_targets, batch_tokens, corrupt_iid, corrupt_suffix, credited, masked_loss, per_copy_count,
+                       rl_step)
 from d3mini.rollout import check_some_scored, first_failure, format_samples, rollout
 
 
@@ -93,7 +100,6 @@ def check_startup(cfg, info):
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")
     if cfg.env.server_url:
-        from d3mini.envs.server import check_server
         check_server(cfg.env.server_url, cfg.env)  # EnvError (named by main): unreachable, or other env settings
 
 
@@ -221,7 +227,6 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
     model's own unshifted head, so what it learns carries over when the block grows.
     Masks are drawn for the whole global batch (same on every rank) and the loss is rescaled to the
     global normaliser, so the summed gradients over ranks equal one process on the whole batch."""
-    from d3mini.rl import all_targets, batch_tokens, corrupt_iid, corrupt_suffix, masked_loss, per_copy_count
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
     ar = ar or model.cfg.family == "qwen3"
@@ -330,8 +335,6 @@ def sft_validate(cfg, model, tok, val: list) -> dict:
     """Teacher-forced action accuracy: the model answers each held-out expert prompt greedily (decode
     config as in rollouts) and the projected action must equal the expert's; overall and per action
     kind (the env's action_kind, else the verb), with the mean TPF of those answers."""
-    from d3mini.decode import generate
-    from d3mini.envs import _canonical
     mod = env_module(cfg.env.name)
     kind = getattr(mod, "action_kind", lambda a: a.split("[", 1)[0].strip())
     dcfg = _decode(cfg, temperature=0.0)
@@ -410,7 +413,6 @@ def policy_rollout(cfg, model, tok, dcfg, ids, n_tasks, group_size, key, step, r
 
 
 def rl_stage(cfg, model, tok, info, log, start, ckpt_extra):
-    from d3mini.rl import rl_step
     ids = policy_task_ids(cfg, cfg.rl.goals, "rl.goals")
     opt, sch = make_optimizer(cfg, model, cfg.rl.lr, cfg.rl.steps, 0, 1.0)
     # explicit-KL baseline: the reference is the policy frozen as RL began
@@ -453,7 +455,6 @@ def rl_decode(cfg):
 
 
 def distill_stage(cfg, model, tok, info, log, start, ckpt_extra):
-    from d3mini.distill import distill_step, select_samples
     ids = policy_task_ids(cfg, cfg.distill.goals, "distill.goals")
     opt, sch = make_optimizer(cfg, model, cfg.distill.lr, cfg.distill.steps, 0, 1.0)
     need = cfg.distill.teacher_weight > 0 or cfg.distill.teacher_gate > 0 or cfg.distill.rollouts != "policy"
@@ -502,7 +503,6 @@ def expert_replay(cfg, model, expert: list, info, step: int):
     closure computing this rank's share of expert_weight x the SFT loss as the SFT stage ended (its last
     block_schedule phase); with distill.expert_score "action" on the action only, given the think text."""
     from dataclasses import replace
-    from d3mini.rl import credited
     rng = random.Random(cfg.train.seed * 7919 + step)
     batch = [expert[rng.randrange(len(expert))] for _ in range(cfg.distill.expert_batch)]
     moved = credited(batch, cfg.distill.expert_score)  # "action": the think text moves to the prompt
@@ -740,7 +740,6 @@ def results_table(results: dict, cfg, wall: float, command: str, commits=None, p
     started the run; `commits`: the code of its pieces (run.json), default the current one; `pieces`:
     how many starts and resumes the wall-clock sums."""
     import platform
-    from d3mini.metrics import AUPError, aup, paired_difference, paired_mean_difference, success_ci
     commits = list(commits or [git_commit()])
     code = f"commit {commits[0]}" if len(commits) == 1 else f"commits {' → '.join(commits)} (resumed across commits)"
     rows = ["| stage | success % (± s.e.) | Δ vs previous (paired s.e.) | score | valid | invalid / episode (Δ) "
@@ -798,7 +797,6 @@ def write_results(cfg, results: dict, info, rec: dict):
     """results.md (the table), results.json and, with matplotlib (the `plot` extra), results.png: accuracy
     against TPF over the evaluated thresholds, one line per stage; rec: the run record (commands, commits,
     wall-clock), also stored in the PNG's metadata."""
-    from d3mini.metrics import plot_acc_vs_tpf
     if not info.is_main:
         return
     md = results_table(results, cfg, wall=rec["wall_s"], command=rec["commands"][0], commits=rec["commits"],

@@ -290,7 +290,6 @@ def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_
     sys.path.insert(0, ROOT)
     import torch
     import train
-    import d3mini.decode
     from d3mini.config import ConfigError, load_config
     from d3mini.decode import DecodeResult
     from d3mini.envs.webshop import action_kind
@@ -316,11 +315,11 @@ def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_
         return fake_generate
 
     model = torch.nn.Linear(1, 1)
-    monkeypatch.setattr(d3mini.decode, "generate", answer(lambda t: t))
+    monkeypatch.setattr(train, "generate", answer(lambda t: t))
     out = train.sft_validate(cfg, model, tok, val)
     assert out["val_acc"] == 1.0 and all(v == 1.0 for k, v in out.items() if k.startswith("val_acc/"))
     assert out["val_tpf"] == pytest.approx(2.0, rel=0.1) and model.training
-    monkeypatch.setattr(d3mini.decode, "generate", answer(lambda t: t.replace("[b0", "[b1")))
+    monkeypatch.setattr(train, "generate", answer(lambda t: t.replace("[b0", "[b1")))
     out = train.sft_validate(cfg, model, tok, val)
     n_prod = sum(action_kind(s.action) == "product" for s in val)
     assert out["val_acc/product"] == 0.0 and out["val_acc/search"] == 1.0
@@ -512,7 +511,7 @@ def test_non_finite_rl_update_is_not_saved(tmp_path, monkeypatch):
     def nan_step(*a, **k):
         m = real(*a, **k)
         return {**m, "loss": float("nan")}
-    monkeypatch.setattr(d3mini.rl, "rl_step", nan_step)
+    monkeypatch.setattr(train, "rl_step", nan_step)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     out = tmp_path / "run"
     threads = torch.get_num_threads()
@@ -586,3 +585,18 @@ def test_stage_evaluation_refuses_a_table_of_env_failures(tmp_path, monkeypatch)
     log = SimpleNamespace(log=lambda rec: None)
     with pytest.raises(EnvError, match=r"eval after rl at tau 1.0: every episode failed .*connection refused"):
         train.run_eval(cfg, model, tok, "rl", info, log)
+
+
+def test_train_imports_every_module_it_uses_at_start():
+    """A stage must not import d3mini code hours into a run: files edited meanwhile would mix two versions of
+    the code in one run (and the run record names only the first). So `import train` loads them all."""
+    code = ("import sys, train; print(' '.join(sorted(m for m in sys.modules if m.startswith('d3mini'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = set(out.stdout.split())
+    need = {"d3mini.decode", "d3mini.distill", "d3mini.rl", "d3mini.rollout", "d3mini.metrics", "d3mini.model",
+            "d3mini.envs.server", "d3mini.dist", "d3mini.lora", "d3mini.data", "d3mini.config"}
+    assert need <= loaded, need - loaded
+    src = open(os.path.join(ROOT, "train.py")).read()
+    assert not [ln for ln in src.splitlines() if ln.startswith((" ", "\t")) and "from d3mini" in ln]
