@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from d3mini.config import DistillConfig, LoRAConfig, ModelConfig
-from d3mini.distill import (block_size_at, build_batch, cap_samples, distill_logits, distill_loss, distill_step, distill_terms, kl_sum,
-                            mask_order, n_masked, r_floor, select_samples)
+from d3mini.distill import (block_size_at, build_batch, cap_samples, distill_logits, distill_loss, distill_step,
+                            distill_terms, kl_sum, mask_order, n_masked, r_floor, select_samples)
 from d3mini.lora import apply_lora
 from d3mini.model import DiffusionLM
 from d3mini.rollout import StepSample

@@ -590,7 +590,7 @@ def test_stage_evaluation_refuses_a_table_of_env_failures(tmp_path, monkeypatch)
 def test_train_imports_every_module_it_uses_at_start():
     """A stage must not import d3mini code hours into a run: files edited meanwhile would mix two versions of
     the code in one run (and the run record names only the first). So `import train` loads them all."""
-    code = ("import sys, train; print(' '.join(sorted(m for m in sys.modules if m.startswith('d3mini'))))")
+    code = "import sys, train; print(' '.join(sorted(m for m in sys.modules if m.startswith('d3mini'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert out.returncode == 0, out.stderr
