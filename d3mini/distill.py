@@ -89,14 +89,13 @@ def select_samples(samples: list, cfg: DistillConfig) -> list:
     return out
 
 
-def cap_samples(kept: list, samples: list, cfg: DistillConfig, cap: int, gen=None) -> list:
+def cap_samples(kept: list, own: set, cfg: DistillConfig, cap: int, gen=None) -> list:
     """At most `cap` of the selected samples, drawn at random; with rollouts "relabel" and relabel_first,
-    the teacher's corrections (kept samples that are not among the policy's `samples`) go in first."""
+    the teacher's corrections (kept samples whose id is not in `own`, the policy's samples) go in first."""
     if len(kept) <= cap:
         return kept
     pick = torch.randperm(len(kept), generator=gen).tolist()
     if cfg.rollouts == "relabel" and cfg.relabel_first:
-        own = {id(s) for s in samples}
         pick = [i for i in pick if id(kept[i]) not in own] + [i for i in pick if id(kept[i]) in own]
     return [kept[i] for i in pick[:cap]]
 
@@ -317,12 +316,12 @@ def distill_step(model, optimizer, samples: list, cfg: DistillConfig, progress: 
     kept = select_samples(samples, cfg)
     lo = r_floor(progress, cfg.r_max)
     m = {"progress": float(progress), "r_floor": lo, "samples_in": len(samples), "samples_kept": len(kept)}
-    if cfg.rollouts == "relabel":  # targets that are the teacher's response, not the policy's
-        own = {id(s) for s in samples}
+    own = {id(s) for s in samples}  # a kept sample not among them is the teacher's response (relabel)
+    if cfg.rollouts == "relabel":
         m["relabeled"] = float(sum(id(s) not in own for s in kept))
     if not kept:
         return {**m, "skipped": 1.0}
-    kept = cap_samples(kept, samples, cfg, max(cfg.batch_size // world, 1), gen)
+    kept = cap_samples(kept, own, cfg, max(cfg.batch_size // world, 1), gen)
     mc = model.cfg
     K = mc.block_size if mc.family == "sdar" else block_size_at(progress, cfg.block_sizes, mc.block_size)
     dev = next(model.parameters()).device
