@@ -318,7 +318,8 @@ def policy_task_ids(cfg, goals: str, what: str = "goals") -> list:
 
 def expert_samples(cfg, tok) -> tuple:
     """The SFT demonstrations: (expert step samples, rollout metrics) of the SFT tasks."""
-    return rollout(None, tok, cfg.env, cfg.decode, sft_task_ids(cfg), expert=True, seed=cfg.train.seed)
+    return rollout(None, tok, cfg.env, cfg.decode, sft_task_ids(cfg), expert=True, seed=cfg.train.seed,
+                   detours=cfg.sft.detours)
 
 
 def sft_val_set(cfg, tok) -> list:
@@ -359,7 +360,8 @@ def sft_validate(cfg, model, tok, val: list) -> dict:
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     data, m = expert_samples(cfg, tok)
     dist.print0(f"sft: {len(data)} expert step samples from {m['num_episodes']} episodes "
-                f"(expert success {m['success']:.3f})")
+                f"(expert success {m['success']:.3f}" +
+                (f", {m['detours_per_episode']:.2f} detours per episode)" if cfg.sft.detours else ")"))
     val = sft_val_set(cfg, tok)
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
     step = resume_into(cfg, model, opt, sch, start)

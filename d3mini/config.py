@@ -128,6 +128,8 @@ class SFTConfig:
     val_every: int = 0              # every N steps (and at the end): teacher-forced action accuracy on held-out
                                     # expert steps, greedy at decode.threshold, per action kind (0 = off)
     val_episodes: int = 20          # expert episodes on train tasks the SFT set does not use (rl.goals: unseen)
+    detours: float = 0.0            # per expert step: the chance of a wrong action instead (the env's mistake(),
+                                    # untrained), so that the demonstrations show the recovery from it
 
 
 @dataclass
@@ -312,7 +314,7 @@ _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
            "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight",
            "sft.lr", "rl.lr", "distill.lr"]
-_UNIT = ["rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
+_UNIT = ["sft.detours", "rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
 
 
 def _check_values(cfg: Config, src: str) -> None:

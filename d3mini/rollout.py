@@ -24,6 +24,10 @@ from d3mini.data import apply_chat
 from d3mini.envs import EnvError, action_start, env_module, is_action_valid, make_env
 
 
+MAX_DETOURS = 3   # wrong actions per expert episode at most (rollout(detours=...))
+DETOUR_ROOM = 6   # ... and only while this many steps are left, for the recovery
+
+
 @dataclass
 class StepSample:
     prompt_ids: list            # chat-templated prompt token ids
@@ -66,6 +70,8 @@ class _Episode:
     nfe_denoise: int = 0
     nfe_total: int = 0
     tpf_tokens: int = 0                           # generated tokens without stop ids (metrics.md §1.2)
+    detours: int = 0                              # wrong actions taken (rollout(detours=...))
+    wrong: list = field(default_factory=list)     # per step: the action was a detour (not returned)
 
 
 def build_prompt(mod, tokenizer, ep: _Episode, env_cfg: EnvConfig, step: int, max_tokens: int) -> list:
@@ -85,10 +91,13 @@ def build_prompt(mod, tokenizer, ep: _Episode, env_cfg: EnvConfig, step: int, ma
 def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task_ids: list,
             group_size: int = 1, expert: bool = False, seed: int = 0, batch_size: int = 64,
             max_prompt_tokens: int = 2048, env_factory: Optional[Callable] = None,
-            progress: bool = False, relabel=None) -> tuple:
+            progress: bool = False, relabel=None, detours: float = 0.0) -> tuple:
     """Run len(task_ids) x group_size episodes; return (step samples, metrics).
 
     expert=True: the env's scripted expert writes every response (SFT data; `model` may be None).
+    detours (with expert=True): the chance per step that the env module's mistake() acts instead, at most
+    MAX_DETOURS per episode and only while DETOUR_ROOM steps are left; those steps are not returned, the
+    expert's responses after them are: demonstrations of recovering from a wrong action.
     relabel: a second model that answers every prompt the episodes visit (same decoding and noise); its
     response goes into StepSample.relabel and never reaches the env, which steps with `model`'s actions.
     metrics["episodes"] holds one record per episode (task_id, group_id, won, score, steps, ...).
@@ -99,6 +108,9 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
     if expert and env_factory is None and getattr(env_cfg, "server_url", None):
         env_cfg = replace(env_cfg, server_url=None)  # the expert reads the env's goal / plan / answers: in-process
     factory = env_factory or make_env
+    if detours and not (expert and hasattr(mod, "mistake")):
+        raise ValueError(f"rollout: detours need expert=True and an env with mistake() ({env_cfg.name} "
+                         f"{'has' if hasattr(mod, 'mistake') else 'has none'}, expert={expert})")
     rng = random.Random(seed)
     t0 = time.time()
     eps = []
@@ -143,7 +155,13 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
         if expert:
             outs = []
             for e in active:
-                text = mod.expert(e.env, rng)
+                wrong = None
+                if detours and e.detours < MAX_DETOURS and env_cfg.max_steps - step >= DETOUR_ROOM \
+                        and rng.random() < detours:
+                    wrong = mod.mistake(e.env, rng)
+                e.detours += wrong is not None
+                e.wrong.append(wrong is not None)
+                text = mod.expert(e.env, rng) if wrong is None else f"<think>a detour.</think><action>{wrong}</action>"
                 ids = tokenizer.encode(text) + [tokenizer.eot_id]
                 outs.append((ids, text, None, None, 0, 0, 0))
         else:
@@ -194,7 +212,7 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
         for s in e.samples:
             for t in (s, s.relabel) if s.relabel is not None else (s,):
                 t.reward, t.won, t.score = e.reward, e.won, e.score
-        samples.extend(e.samples)
+        samples.extend(s for s, w in zip(e.samples, e.wrong or [False] * len(e.samples)) if not w)
     return samples, episode_metrics(eps, time.time() - t0, t_decode, t_relabel)
 
 
@@ -225,6 +243,7 @@ def episode_metrics(eps: list, wall: float, t_decode: float, t_relabel: float = 
         "success": sum(e.won for e in ok) / n, "score": sum(e.score for e in ok) / n,
         "steps": steps / n, "valid_ratio": sum(e.n_valid for e in ok) / max(steps, 1),
         "invalid_per_episode": (steps - sum(e.n_valid for e in ok)) / n,
+        "detours_per_episode": sum(e.detours for e in ok) / n,  # expert rollouts: wrong actions taken
         "gen_tokens": counted, "nfe_denoise": nd, "nfe_total": nt,
         "tpf_denoise": tpf_tokens / max(nd, 1), "tpf_total": tpf_tokens / max(nt, 1),
         "time_rollout": wall, "time_decode": t_decode, "time_relabel": t_relabel,  # relabel: the second model's decodes

@@ -43,6 +43,10 @@ Each env module ``d3mini.envs.<name>`` exposes the same functions, used uniforml
         make(cfg): a short <think> drawn at random from a few phrasings, then the action in the
         env's tags, so SFT episodes have exactly the shape of model responses. It may read
         privileged state (the goal) and raises EnvError for an HTTP client.
+    mistake(env, rng) -> Optional[str]            (optional; WebShop has it)
+        a plausible wrong action for the current state, or None where none fits: SFT detours
+        (sft.detours) take it instead of the expert's action, untrained, so that the expert's
+        next steps demonstrate the recovery from where it leads.
 
 The final validity of a step (reward gating, DESIGN.md §4.6) is is_action_valid(action, format_ok,
 admissible, cfg.require_admissible), computed by the rollout with the admissible list shown in

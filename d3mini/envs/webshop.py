@@ -497,6 +497,29 @@ def expert(env: WebShopEnv, rng: random.Random) -> str:
     return f"<think>{think}</think><action>{action}</action>"
 
 
+def mistake(env: WebShopEnv, rng: random.Random) -> Optional[str]:
+    """A wrong action of the kinds a policy makes (bench/failures.py), for SFT detours: on a results page
+    open an unvisited item the expert would not buy; on an item page click a goal value the item does
+    not offer (an invalid action: the page stays) or another value of an option the goal names. None on
+    the other pages, or where no such action exists. The expert's next steps go back or re-pick."""
+    g, page = env.goal, env.page
+    if page == "results":
+        wrong = [a for a in env._page_asins() if a not in env.visited and
+                 not (_fits(g, env.shop.products[a]) and _option_clicks(g, env.shop.products[a]) is not None)]
+        return f"click[{rng.choice(wrong).lower()}]" if wrong else None
+    if page != "item":
+        return None
+    p = env.product
+    wrong = []
+    for value in goal_option_values(g):
+        hit = offered_value(value, p)
+        if hit is None:
+            wrong.append(value.lower())
+        else:
+            wrong += [v for vals in p["options"].values() if hit in vals for v in vals if v != hit]
+    return f"click[{rng.choice(wrong)}]" if wrong else None
+
+
 def option_status(goal: dict, product: dict, chosen) -> str:
     """Each goal option as an item page shows it: "<value> set" (chosen), "<value> missing" (offered, not
     chosen) or "<goal's value> not offered" (the item has no such value), comma-separated."""
