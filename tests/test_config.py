@@ -36,6 +36,7 @@ def test_yaml_and_cli_overrides(tmp_path):
     ("rl: {step_advantage: gigpo}\n", r"rl\.step_advantage = 'gigpo': must be one of"),
     ("distill: {gate_on: think}\n", r"distill\.gate_on = 'think': must be one of"),
     ("rl: {gamma: 1.5}\n", r"rl\.gamma = 1\.5: must be in \[0, 1\]"),
+    ("sft: {detours: 1.2}\n", r"sft\.detours = 1\.2: must be in \[0, 1\]"),
     ("rl: {step_weight: -1}\n", r"rl\.step_weight = -1\.0: must be >= 0"),
     ("rl: {neg_weight: -0.5}\n", r"rl\.neg_weight = -0\.5: must be >= 0"),
     ("model: {num_heads: 4, num_kv_heads: 3}\n", r"model\.num_kv_heads.*divide"),

@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from d3mini.config import Config, ModelConfig
+from d3mini.config import Config, EnvConfig, ModelConfig
 from d3mini.data import build_tiny_tokenizer
 from d3mini.envs import EnvError, make_env, task_ids
 from d3mini.envs.server import EnvClient, serve_in_thread
@@ -66,6 +66,42 @@ def test_batched_equals_one_by_one(setup):
         per_ep.setdefault(s.episode_id, []).append(key(s))
     assert list(per_ep.values()) == [[key(s) for s in ep] for ep in single]
     assert mb["nfe_denoise"] > 0 and mb["tpf_denoise"] > 0
+
+
+def test_detours_leave_out_the_wrong_steps_and_keep_the_recoveries(setup):
+    """rollout(detours=p): the returned steps are exactly the expert's answers to the states the episode was
+    in, wrong actions taken between them (read back from the prompts' history) are left out, and each is
+    followed by the expert's recovery; p = 0 consumes no randomness (the samples of a plain call)."""
+    cfg, tok, _, dcfg, _ = setup
+    env_cfg = EnvConfig(obs_format="compact", prompt="compact", history=3)
+    ids = task_ids(env_cfg, "train")[:30]
+    plain, _ = rollout(None, tok, env_cfg, dcfg, ids, expert=True, seed=3)
+    zero, _ = rollout(None, tok, env_cfg, dcfg, ids, expert=True, seed=3, detours=0.0)
+    assert [(s.text, s.prompt_ids) for s in plain] == [(s.text, s.prompt_ids) for s in zero]
+    samples, m = rollout(None, tok, env_cfg, dcfg, ids, expert=True, seed=3, detours=0.3)
+    assert m["detours_per_episode"] >= 0.5 and m["success"] >= 0.9
+    n_detours = kinds = 0
+    for e in m["episodes"]:
+        mine = {s.step: s for s in samples if s.episode_id == e["episode_id"]}
+        env = webshop.make(env_cfg)
+        env.reset(task_id=e["task_id"])
+        for t in range(e["steps"]):
+            if t in mine:
+                assert "a detour" not in mine[t].text and mine[t].action == webshop.expert_action(env)[1]
+                env.step(mine[t].action)
+                continue
+            later = mine[min(k for k in mine if k > t)]  # a detour is never the last step
+            history = [line for line in tok.decode(later.prompt_ids).split("\n") if line.startswith(f"step {t + 1}: ")]
+            wrong = history[0].rsplit(" -> ", 1)[1]
+            assert wrong != webshop.expert_action(env)[1]
+            kinds += wrong[len("click["):-1] not in env.clickables()  # an invalid click: the page stays
+            env.step(wrong)
+            n_detours += 1
+        assert env.done and env.score == e["score"]
+    assert n_detours == round(m["detours_per_episode"] * len(ids)) and len(samples) + n_detours == m["steps"] * len(ids)
+    assert 0 < kinds < n_detours
+    with pytest.raises(ValueError, match="detours need expert=True"):
+        rollout(None, tok, env_cfg, dcfg, ids[:1], detours=0.1)
 
 
 def test_relabel_answers_the_visited_prompts_and_never_steers(setup):

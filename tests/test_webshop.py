@@ -476,6 +476,46 @@ def test_failure_outcomes_of_played_episodes():
     assert kinds == ["item page: other", "item page: a goal value the item does not offer"]
 
 
+def test_mistake_is_a_wrong_action_the_expert_recovers_from():
+    """mistake(): on a results page an item the expert would not buy, on an item page a goal value the item
+    lacks (invalid) or another value of a goal option (valid); none on the search page. From each, the
+    expert still wins."""
+    c = EnvConfig(obs_format="compact")
+    env, rng = W.make(c), random.Random(0)
+    seen, wins = set(), 0
+    for tid in W.task_ids(c, "test")[:60]:
+        env.reset(task_id=tid)
+        assert W.mistake(env, rng) is None  # the search page
+        taken = 0
+        while not env.done:
+            wrong = W.mistake(env, rng) if taken < 2 else None
+            if wrong is None:
+                env.step(W.expert_action(env)[1])
+                continue
+            key, right = W.expert_action(env)
+            assert wrong != right
+            x = wrong[len("click["):-1]
+            if env.page == "results":
+                p = env.shop.products[x.upper()]
+                assert not W._fits(env.goal, p)
+                seen.add("item")
+            else:
+                assert env.page == "item"
+                offered = [v for vs in env.product["options"].values() for v in vs]
+                if x in offered:
+                    assert x not in (W._option_clicks(env.goal, env.product) or [])
+                    seen.add("option")
+                else:
+                    assert x in [v.lower() for v in W.goal_option_values(env.goal)]
+                    seen.add("lacking")
+            invalid = env.page == "item" and x not in offered
+            _, _, _, info = env.step(wrong)
+            assert info["is_action_valid"] != invalid
+            taken += 1
+        wins += env.score == 1.0
+    assert seen == {"item", "option", "lacking"} and wins >= 55
+
+
 def test_expert_state_think_marks_each_goal_option():
     """env.think = state: on the item page the think text lists the goal's options as the page shows them,
     set or missing, before the stock phrase; other pages keep the stock phrases."""

@@ -499,13 +499,13 @@ def expert(env: WebShopEnv, rng: random.Random) -> str:
 
 def mistake(env: WebShopEnv, rng: random.Random) -> Optional[str]:
     """A wrong action of the kinds a policy makes (bench/failures.py), for SFT detours: on a results page
-    open an unvisited item the expert would not buy; on an item page click a goal value the item does
-    not offer (an invalid action: the page stays) or another value of an option the goal names. None on
-    the other pages, or where no such action exists. The expert's next steps go back or re-pick."""
+    open an unvisited item that does not fit the request (the expert opens only those that do); on an item
+    page click a goal value the item does not offer (an invalid action: the page stays) or another value of
+    an option the goal names. None on the other pages, or where no such action exists. The expert's next
+    steps go back or re-pick."""
     g, page = env.goal, env.page
     if page == "results":
-        wrong = [a for a in env._page_asins() if a not in env.visited and
-                 not (_fits(g, env.shop.products[a]) and _option_clicks(g, env.shop.products[a]) is not None)]
+        wrong = [a for a in env._page_asins() if a not in env.visited and not _fits(g, env.shop.products[a])]
         return f"click[{rng.choice(wrong).lower()}]" if wrong else None
     if page != "item":
         return None
