@@ -46,8 +46,8 @@ from d3mini.lora import apply_lora
 from d3mini.metrics import (AUPError, aup, paired_difference, paired_mean_difference, plot_acc_vs_tpf, success_ci,
                             task_invalid, task_outcomes)
 from d3mini.model import DiffusionLM
-from d3mini.rl import (all_targets, batch_tokens, corrupt_iid, corrupt_suffix, credited, masked_loss, per_copy_count,
-                       rl_step)
+from d3mini.rl import (batch_tokens, corrupt_iid, corrupt_suffix, credited, masked_loss, per_copy_count,
+                       prompt_targets, rl_step)
 from d3mini.rollout import check_some_scored, first_failure, format_samples, rollout
 
 
@@ -230,12 +230,13 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
     ar = ar or model.cfg.family == "qwen3"
+    keep = torch.tensor([s.prompt_loss for s in batch], device=b.ids.device)  # False: a detour in the history
     if ar:
-        masked, p = None, None
+        masked, p = (prompt_targets(b, keep) if ar_prompt else None), None
     elif block_size == 1:  # one-token blocks, all masked: the AR loss in the unshifted diffusion parametrization
         masked, p = b.resp, torch.ones(len(batch), device=b.ids.device)
         if ar_prompt:  # ... over the prompt's tokens too
-            masked = all_targets(b)
+            masked = prompt_targets(b, keep)
     elif suffix > 0:
         masked, p = corrupt_suffix(b, gen, block_size or model.cfg.block_size, copies=copies, frac=suffix)
     else:
@@ -249,7 +250,7 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
                               weight=weight)
     if norm == "tokens":  # this rank's normaliser -> the global batch's
         if ar_prompt:
-            total = (b.lengths - 1).sum()  # every token after the first is a target (AR or one-token blocks)
+            total = masked.sum()  # every token after the first is a target (AR or one-token blocks) but detours
         elif weight == "uniform" and not ar:
             total = per_copy_count(masked)
         else:

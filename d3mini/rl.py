@@ -103,6 +103,12 @@ def all_targets(b: Batch) -> torch.Tensor:
     return (pos >= 1) & (pos < b.lengths[:, None])
 
 
+def prompt_targets(b: Batch, keep: torch.Tensor) -> torch.Tensor:
+    """all_targets in the rows where keep [B] is True, only the response's tokens in the others (rows whose
+    prompt shows an action nobody should learn: an SFT detour in the history)."""
+    return all_targets(b) & (keep[:, None] | b.resp)
+
+
 def per_copy_count(masked: torch.Tensor) -> torch.Tensor:
     """Masked tokens per mask copy: masked.sum() for [B, n], masked.sum() / C for [B, C, n]."""
     return masked.sum() / (masked.shape[1] if masked.dim() == 3 else 1)
@@ -285,10 +291,11 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
     if ar_prompt and not (cfg.family == "qwen3" or ar):  # masks may cover prompt tokens: noise from position 1
         start, count = 1, per_copy_count(masked)
     if cfg.family == "qwen3" or ar:
-        masked = b.resp
         if ar_prompt:
-            masked, start = all_targets(b), 1
+            masked, start = (all_targets(b) if masked is None else masked), 1
             count = masked.sum()
+        else:
+            masked = b.resp
         lp, _ = score(model, b.ids, b.ids, b.lengths, "ar", start)
         per = -lp * masked
     elif masked.dim() == 3:  # C mask draws per row [B, C, n]: the loss averages the copies

@@ -47,6 +47,7 @@ class StepSample:
     anchor: str = ""            # the observation the step acted on (GiGPO's anchor state)
     env_reward: float = 0.0     # the environment's reward for this step alone
     relabel: Optional["StepSample"] = None  # rollout(relabel=...): a second model's response to the same prompt
+    prompt_loss: bool = True    # SFT may train on the prompt's tokens (False: its history shows a detour)
 
 
 @dataclass
@@ -212,7 +213,10 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
         for s in e.samples:
             for t in (s, s.relabel) if s.relabel is not None else (s,):
                 t.reward, t.won, t.score = e.reward, e.won, e.score
-        samples.extend(s for s, w in zip(e.samples, e.wrong or [False] * len(e.samples)) if not w)
+        wrong = e.wrong or [False] * len(e.samples)
+        for i, s in enumerate(e.samples):
+            s.prompt_loss = not any(wrong[max(0, i - env_cfg.history):i])  # the wrong action is never a target
+        samples.extend(s for s, w in zip(e.samples, wrong) if not w)
     return samples, episode_metrics(eps, time.time() - t0, t_decode, t_relabel)
 
 

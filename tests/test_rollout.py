@@ -100,6 +100,12 @@ def test_detours_leave_out_the_wrong_steps_and_keep_the_recoveries(setup):
         assert env.done and env.score == e["score"]
     assert n_detours == round(m["detours_per_episode"] * len(ids)) and len(samples) + n_detours == m["steps"] * len(ids)
     assert 0 < kinds < n_detours
+    for s in samples:  # the prompts that show a detour are not SFT prompt-loss targets (sft.ar_prompt_loss)
+        t = s.step
+        shown = [k for k in range(max(0, t - env_cfg.history), t) if k not in
+                 {x.step for x in samples if x.episode_id == s.episode_id}]
+        assert s.prompt_loss == (not shown)
+    assert not all(s.prompt_loss for s in samples) and all(s.prompt_loss for s in plain)
     with pytest.raises(ValueError, match="detours need expert=True"):
         rollout(None, tok, env_cfg, dcfg, ids[:1], detours=0.1)
 

@@ -371,6 +371,39 @@ def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
     assert float(d) == pytest.approx(0.5 * float(ref), rel=1e-6) and float(d) != pytest.approx(float(a))
 
 
+def test_sft_prompt_loss_leaves_out_prompts_that_show_a_detour(tmp_path):
+    """sft.ar_prompt_loss trains on the prompt's tokens, but not in a sample whose prompt shows a detour:
+    there the loss is the response's alone (as without ar_prompt), and the batch's normaliser counts the
+    other rows' prompt tokens only; on the AR path the same."""
+    sys.path.insert(0, ROOT)
+    from dataclasses import replace
+
+    import torch
+    import train
+    from d3mini.config import load_config
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [*SMOKE, f"train.out_dir={tmp_path}", "sft.detours=0.3",
+                                                                    "env.max_steps=15"])
+    info = train.dist.DistInfo(0, 1, 0, torch.device("cpu"), True)
+    tok = train.build_tokenizer(cfg, info)
+    model = train.build_model(cfg, tok, info)
+    data, _ = train.expert_samples(cfg, tok)
+    hidden = next(x for x in data if not x.prompt_loss)
+    shown = replace(hidden, prompt_loss=True)
+    gen = torch.Generator()
+
+    def loss(batch, ar_prompt, ar=False):
+        return float(train.sft_loss(model, batch, gen, info, "tokens", block_size=1, ar=ar, ar_prompt=ar_prompt,
+                                    weight="uniform")[0])
+    assert loss([hidden], True) == pytest.approx(loss([hidden], False), rel=1e-5)
+    assert loss([shown], True) != pytest.approx(loss([shown], False), rel=1e-3)
+    assert loss([hidden], True, ar=True) == pytest.approx(loss([hidden], False, ar=True), rel=1e-5)
+    # two rows: the loss is the token-weighted mean of the two rows' own losses
+    other = next(x for x in data if x.prompt_loss and x.step > 0)
+    n_hidden, n_other = len(hidden.response_ids), len(other.prompt_ids) + len(other.response_ids) - 1
+    both = (n_hidden * loss([hidden], True) + n_other * loss([other], True)) / (n_hidden + n_other)
+    assert loss([hidden, other], True) == pytest.approx(both, rel=1e-5)
+
+
 def test_rl_rollouts_decode_at_rl_threshold_else_decode_threshold():
     """rl.threshold sets the RL rollouts' decode threshold; unset, they decode at decode.threshold."""
     sys.path.insert(0, ROOT)
