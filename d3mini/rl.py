@@ -272,8 +272,9 @@ def masked_loss(model, b: Batch, masked, p, norm: str = "tokens", ar: bool = Fal
     (LLaDA SFT). ar=True: the AR loss on any family (causal attention; the AR warm start of a model
     built from scratch, as SDAR itself starts from an AR checkpoint). block_size > 0: SDAR's mask with
     that block size instead of the model's (a block-size curriculum). ar_prompt (with ar): every token
-    after the first is a target, prompt included, and "tokens" divides by that count (language-model
-    practice on the agent's own transcripts: ~10x the targets of the response alone, same forward).
+    after the first is a target, prompt included (or those `masked` marks, when given: prompt_targets),
+    and "tokens" divides by that count (language-model practice on the agent's own transcripts: ~10x
+    the targets of the response alone, same forward).
     ar_prompt on a diffusion loss: `masked` may cover prompt tokens (the noisy copy starts at position 1),
     "tokens" divides by the masked count; with block_size 1 and all masked it is next-token prediction
     over the whole transcript in the unshifted parametrization.
