@@ -477,9 +477,9 @@ def test_failure_outcomes_of_played_episodes():
 
 
 def test_mistake_is_a_wrong_action_the_expert_recovers_from():
-    """mistake(): on a results page an item the expert would not buy, on an item page a goal value the item
-    lacks (invalid) or another value of a goal option (valid); none on the search page. From each, the
-    expert still wins."""
+    """mistake(): on a results page an item that does not fit the request, on an item page a goal value the
+    item lacks (invalid) or another value of a goal option (valid); none on the search page. After up to two
+    of them per episode the expert still wins nearly every goal."""
     c = EnvConfig(obs_format="compact")
     env, rng = W.make(c), random.Random(0)
     seen, wins = set(), 0
