@@ -230,13 +230,14 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
     b = batch_tokens([s.prompt_ids for s in batch], [s.response_ids for s in batch], model.cfg.pad_id,
                      next(model.parameters()).device)
     ar = ar or model.cfg.family == "qwen3"
-    keep = torch.tensor([s.prompt_loss for s in batch], device=b.ids.device)  # False: a detour in the history
+    ar_prompt = ar_prompt and (ar or block_size == 1)
+    prompt = None  # ar_prompt: the prompt's tokens are targets too, except in a prompt whose history shows a detour
+    if ar_prompt:
+        prompt = prompt_targets(b, torch.tensor([s.prompt_loss for s in batch], device=b.ids.device))
     if ar:
-        masked, p = (prompt_targets(b, keep) if ar_prompt else None), None
+        masked, p = prompt, None
     elif block_size == 1:  # one-token blocks, all masked: the AR loss in the unshifted diffusion parametrization
-        masked, p = b.resp, torch.ones(len(batch), device=b.ids.device)
-        if ar_prompt:  # ... over the prompt's tokens too
-            masked = prompt_targets(b, keep)
+        masked, p = (b.resp if prompt is None else prompt), torch.ones(len(batch), device=b.ids.device)
     elif suffix > 0:
         masked, p = corrupt_suffix(b, gen, block_size or model.cfg.block_size, copies=copies, frac=suffix)
     else:
@@ -245,7 +246,6 @@ def sft_loss(model, batch, gen, info, norm, copies: int = 1, ar: bool = False, b
     sb = b.select(idx)
     sm = None if masked is None else masked[idx][..., : sb.ids.shape[1]]
     sp = None if p is None else p[idx]
-    ar_prompt = ar_prompt and (ar or block_size == 1)
     loss, stats = masked_loss(model, sb, sm, sp, norm, ar=ar, block_size=block_size, ar_prompt=ar_prompt,
                               weight=weight)
     if norm == "tokens":  # this rank's normaliser -> the global batch's

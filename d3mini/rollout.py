@@ -71,8 +71,7 @@ class _Episode:
     nfe_denoise: int = 0
     nfe_total: int = 0
     tpf_tokens: int = 0                           # generated tokens without stop ids (metrics.md §1.2)
-    detours: int = 0                              # wrong actions taken (rollout(detours=...))
-    wrong: list = field(default_factory=list)     # per step: the action was a detour (not returned)
+    wrong: list = field(default_factory=list)     # expert rollouts, per step: the action was a detour (not returned)
 
 
 def build_prompt(mod, tokenizer, ep: _Episode, env_cfg: EnvConfig, step: int, max_tokens: int) -> list:
@@ -157,10 +156,9 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
             outs = []
             for e in active:
                 wrong = None
-                if detours and e.detours < MAX_DETOURS and env_cfg.max_steps - step >= DETOUR_ROOM \
+                if detours and sum(e.wrong) < MAX_DETOURS and env_cfg.max_steps - step >= DETOUR_ROOM \
                         and rng.random() < detours:
                     wrong = mod.mistake(e.env, rng)
-                e.detours += wrong is not None
                 e.wrong.append(wrong is not None)
                 text = mod.expert(e.env, rng) if wrong is None else f"<think>a detour.</think><action>{wrong}</action>"
                 ids = tokenizer.encode(text) + [tokenizer.eot_id]
@@ -247,7 +245,7 @@ def episode_metrics(eps: list, wall: float, t_decode: float, t_relabel: float = 
         "success": sum(e.won for e in ok) / n, "score": sum(e.score for e in ok) / n,
         "steps": steps / n, "valid_ratio": sum(e.n_valid for e in ok) / max(steps, 1),
         "invalid_per_episode": (steps - sum(e.n_valid for e in ok)) / n,
-        "detours_per_episode": sum(e.detours for e in ok) / n,  # expert rollouts: wrong actions taken
+        "detours_per_episode": sum(sum(e.wrong) for e in ok) / n,  # expert rollouts: wrong actions taken
         "gen_tokens": counted, "nfe_denoise": nd, "nfe_total": nt,
         "tpf_denoise": tpf_tokens / max(nd, 1), "tpf_total": tpf_tokens / max(nt, 1),
         "time_rollout": wall, "time_decode": t_decode, "time_relabel": t_relabel,  # relabel: the second model's decodes
