@@ -96,6 +96,8 @@ def check_startup(cfg, info):
             policy_task_ids(cfg, goals, f"{stage}.goals")  # an empty set fails now, not after SFT
     if "sft" in cfg.train.stages and cfg.sft.val_every:
         policy_task_ids(cfg, "unseen", "sft validation (sft.val_every > 0) tasks")
+    if cfg.sft.detours and not hasattr(env_module(cfg.env.name), "mistake"):  # now, not when a stage starts
+        raise ConfigError(f"sft.detours = {cfg.sft.detours}: env {cfg.env.name} has no mistake() to take them")
     if cfg.model.family == "sdar" and cfg.decode.block_size != cfg.model.block_size:
         raise ConfigError(f"decode.block_size = {cfg.decode.block_size} must equal model.block_size = "
                           f"{cfg.model.block_size} for sdar")

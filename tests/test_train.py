@@ -328,6 +328,9 @@ def test_sft_validation_scores_teacher_forced_actions_per_kind(monkeypatch, tmp_
         train.check_startup(load_config(os.path.join(ROOT, "configs/tiny.yaml"),
                                         ["env.num_goals=80", "env.num_test_goals=20", "sft.episodes=1000",
                                          "sft.val_every=10", "train.stages=[sft]"]), info)
+    with pytest.raises(ConfigError, match="sft.detours = 0.1: env search has no mistake"):
+        train.check_startup(load_config(os.path.join(ROOT, "configs/tiny.yaml"), ["env.name=search", "sft.detours=0.1"]),
+                            info)
 
 
 def test_distill_expert_replay_is_the_sft_loss_on_a_seeded_draw(tmp_path):
