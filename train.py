@@ -48,7 +48,7 @@ from d3mini.metrics import (AUPError, aup, paired_difference, paired_mean_differ
 from d3mini.model import DiffusionLM
 from d3mini.rl import (batch_tokens, corrupt_iid, corrupt_suffix, credited, masked_loss, per_copy_count,
                        prompt_targets, rl_step)
-from d3mini.rollout import check_some_scored, first_failure, format_samples, rollout
+from d3mini.rollout import StepSample, check_some_scored, first_failure, format_samples, rollout
 
 
 # ----------------------------------------------------------------------------- setup
@@ -360,6 +360,60 @@ def sft_validate(cfg, model, tok, val: list) -> dict:
     return out
 
 
+def dagger_samples(cfg, model, tok, step: int) -> tuple:
+    """A DAgger round at SFT step `step`: (expert-labelled step samples, metrics). The model rolls out
+    greedily at sft.dagger_threshold on the first sft.dagger_tasks SFT tasks (the env seeded as for the
+    demonstrations) while the env's expert answers every prompt the episodes visit. An episode contributes
+    from its first step whose action differs from the expert's on: the states the model's own errors lead
+    to, each with the expert's response. A prompt whose history window shows one of the model's wrong
+    actions is no prompt-loss target (sft.ar_prompt_loss would otherwise train on that action)."""
+    dcfg = _decode(cfg, temperature=0.0, threshold=cfg.sft.dagger_threshold)
+    model.eval()
+    with torch.no_grad(), autocast(cfg):
+        steps, m = rollout(model, tok, cfg.env, dcfg, sft_task_ids(cfg)[:cfg.sft.dagger_tasks], seed=cfg.train.seed,
+                           batch_size=cfg.eval.batch_episodes, relabel="expert")
+    model.train()
+    episodes: dict = {}
+    for s in steps:
+        episodes.setdefault(s.episode_id, []).append(s)
+    out, off = [], 0
+    for ep in episodes.values():
+        wrong = [_canonical(s.action) != _canonical(s.relabel.action) for s in ep]
+        if not any(wrong):
+            continue
+        off += 1
+        for i in range(wrong.index(True), len(ep)):
+            fix = ep[i].relabel
+            fix.prompt_loss = not any(wrong[max(0, i - cfg.env.history):i])
+            out.append(fix)
+    return out, {"policy_success": m["success"], "policy_valid": m["valid_ratio"], "episodes": m["num_episodes"],
+                 "episodes_off": off, "corrections": len(out)}
+
+
+def dagger_file(cfg, step: int) -> str:
+    return os.path.join(cfg.train.out_dir, "dagger", f"step_{step:08d}.json")
+
+
+def dagger_round(cfg, model, tok, info, log, step: int, resumed: bool) -> list:
+    """The corrections of the DAgger round at `step`: computed (and kept in out_dir/dagger/ for a resumed
+    run), or read back when the run resumes past it (the model that made them is gone by then)."""
+    path = dagger_file(cfg, step)
+    if resumed:
+        recs = read_json(path, f"the DAgger round of SFT step {step} (sft.dagger_at)")
+        return [StepSample(prompt_ids=r["prompt_ids"], response_ids=r["response_ids"], trace=None, confidence=None,
+                           action=r["action"], valid=True, reward=0.0, group_id=-1, episode_id=-1, step=-1,
+                           prompt_loss=r["prompt_loss"]) for r in recs]
+    out, m = dagger_samples(cfg, model, tok, step)
+    if info.is_main:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json(path, [{"prompt_ids": s.prompt_ids, "response_ids": s.response_ids, "action": s.action,
+                           "prompt_loss": s.prompt_loss} for s in out])
+    log.log({"stage": "sft/dagger", "step": step, **m})
+    dist.print0(f"sft step {step}: DAgger round, the model won {m['policy_success']:.3f} of {m['episodes']} SFT "
+                f"tasks, {m['episodes_off']} episodes left the expert's path: {m['corrections']} corrections join")
+    return out
+
+
 def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     data, m = expert_samples(cfg, tok)
     dist.print0(f"sft: {len(data)} expert step samples from {m['num_episodes']} episodes "
@@ -368,12 +422,24 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     val = sft_val_set(cfg, tok)
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
     step = resume_into(cfg, model, opt, sch, start)
-    batches = length_batches([len(s.prompt_ids) + len(s.response_ids) for s in data], cfg.sft.batch_size,
-                             cfg.sft.steps, cfg.train.seed)
+
+    def plan(first: int) -> list:  # the batches of steps first.. over the data as it is (a DAgger round grows it)
+        return length_batches([len(s.prompt_ids) + len(s.response_ids) for s in data], cfg.sft.batch_size,
+                              cfg.sft.steps - first, cfg.train.seed + first)
+
+    first = 0
+    for t in cfg.sft.dagger_at:
+        if t < step:
+            data = data + dagger_round(cfg, model, tok, info, log, t, resumed=True)
+            first = t
+    batches = plan(first)
     bar = progress(cfg.sft.steps, step, "sft", info)
     while step < cfg.sft.steps:
         t0 = time.time()
-        batch = [data[i] for i in batches[step]]
+        if step in cfg.sft.dagger_at:
+            data = data + dagger_round(cfg, model, tok, info, log, step, resumed=False)
+            first, batches = step, plan(step)
+        batch = [data[i] for i in batches[step - first]]
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
         with autocast(cfg):
             loss, stats = sft_loss(model, batch, gen, info, cfg.sft.loss_norm, cfg.sft.mask_copies,

@@ -130,6 +130,12 @@ class SFTConfig:
     val_episodes: int = 20          # expert episodes on train tasks the SFT set does not use (rl.goals: unseen)
     detours: float = 0.0            # per expert step: the chance of a wrong action instead (the env's mistake(),
                                     # untrained), so that the demonstrations show the recovery from it
+    dagger_at: list = field(default_factory=list)  # SFT steps at which the model rolls out on sft.dagger_tasks of
+                                    # the SFT tasks and the expert labels the states it reaches (a DAgger round);
+                                    # from its first wrong action on, an episode's states with the expert's
+                                    # responses join the SFT data ([] = off)
+    dagger_tasks: int = 300         # SFT tasks rolled out per DAgger round (the first N)
+    dagger_threshold: float = 0.95  # decode threshold of those rollouts (greedy, as evaluated)
 
 
 @dataclass
@@ -307,14 +313,14 @@ _POSITIVE = ["model.vocab_size", "model.hidden_size", "model.intermediate_size",
              "env.max_steps", "sft.batch_size", "sft.mask_copies", "rl.tasks_per_step", "rl.group_size", "rl.epochs",
              "rl.minibatch", "rl.micro_batch", "rl.mc_samples", "rl.trace_shrink", "distill.batch_size", "distill.micro_batch",
              "distill.tasks_per_step", "distill.group_size", "eval.batch_episodes", "env.timeout_s",
-             "train.save_every"]
+             "train.save_every", "sft.dagger_tasks"]
 _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps", "distill.steps",
            "decode.temperature", "decode.top_k", "decode.steps_per_block", "rl.clip_low", "rl.clip_high",
            "rl.kl_coef", "rl.entropy_coef", "lora.rank", "train.grad_clip", "eval.num_tasks",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
            "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight",
            "sft.lr", "rl.lr", "distill.lr"]
-_UNIT = ["sft.detours", "rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
+_UNIT = ["sft.detours", "sft.dagger_threshold", "rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
 
 
 def _check_values(cfg: Config, src: str) -> None:
@@ -367,6 +373,10 @@ def _check_values(cfg: Config, src: str) -> None:
             raise ConfigError(f"{src}: train.stages: unknown stage {s!r} (sft | rl | distill)")
     if cfg.lora.alpha <= 0:
         bad("lora.alpha", "must be > 0")
+    at = cfg.sft.dagger_at
+    if any(isinstance(t, bool) or not isinstance(t, int) for t in at) or sorted(set(at)) != list(at) \
+            or (at and not 0 <= at[0] <= at[-1] < cfg.sft.steps):
+        bad("sft.dagger_at", f"must be increasing integer steps in [0, sft.steps = {cfg.sft.steps})")
     for t in cfg.eval.thresholds + cfg.eval.sweep:
         if not 0.0 <= float(t) <= 1.0:
             raise ConfigError(f"{src}: eval thresholds must lie in [0, 1], got {t!r}")

@@ -100,12 +100,16 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
     expert's responses after them are: demonstrations of recovering from a wrong action.
     relabel: a second model that answers every prompt the episodes visit (same decoding and noise); its
     response goes into StepSample.relabel and never reaches the env, which steps with `model`'s actions.
+    relabel="expert": the env's scripted expert answers them instead (DAgger's labels; in-process env).
     metrics["episodes"] holds one record per episode (task_id, group_id, won, score, steps, ...).
     """
     from d3mini.decode import generate  # decode imports torch; keep this module importable without it
 
     mod = env_module(env_cfg.name)
-    if expert and env_factory is None and getattr(env_cfg, "server_url", None):
+    by_expert = isinstance(relabel, str)
+    if by_expert and relabel != "expert":
+        raise ValueError(f"rollout: relabel={relabel!r}: a model or 'expert'")
+    if (expert or by_expert) and env_factory is None and getattr(env_cfg, "server_url", None):
         env_cfg = replace(env_cfg, server_url=None)  # the expert reads the env's goal / plan / answers: in-process
     factory = env_factory or make_env
     if detours and not (expert and hasattr(mod, "mistake")):
@@ -152,6 +156,10 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
                               reward=0.0, group_id=e.group_id, episode_id=e.episode_id, step=step, text=text,
                               think_len=action_start(tokenizer, ids), anchor=e.obs)
 
+        def expert_says(e):
+            text = mod.expert(e.env, rng)
+            return tokenizer.encode(text) + [tokenizer.eot_id], text, None, None, 0, 0, 0
+
         if expert:
             outs = []
             for e in active:
@@ -160,15 +168,19 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
                         and rng.random() < detours:
                     wrong = mod.mistake(e.env, rng)
                 e.wrong.append(wrong is not None)
-                text = mod.expert(e.env, rng) if wrong is None else f"<think>a detour.</think><action>{wrong}</action>"
-                ids = tokenizer.encode(text) + [tokenizer.eot_id]
-                outs.append((ids, text, None, None, 0, 0, 0))
+                if wrong is None:
+                    outs.append(expert_says(e))
+                else:
+                    text = f"<think>a detour.</think><action>{wrong}</action>"
+                    outs.append((tokenizer.encode(text) + [tokenizer.eot_id], text, None, None, 0, 0, 0))
         else:
             td = time.time()
             outs = decode_all(model)
             t_decode += time.time() - td
         other = [None] * len(active)
-        if relabel is not None:
+        if by_expert:
+            other = [expert_says(e) for e in active]
+        elif relabel is not None:
             tr0 = time.time()
             other = decode_all(relabel)
             t_relabel += time.time() - tr0
