@@ -365,8 +365,9 @@ def dagger_samples(cfg, model, tok, step: int) -> tuple:
     greedily at sft.dagger_threshold on the first sft.dagger_tasks SFT tasks (the env seeded as for the
     demonstrations) while the env's expert answers every prompt the episodes visit. An episode contributes
     from its first step whose action differs from the expert's on: the states the model's own errors lead
-    to, each with the expert's response, once per distinct prompt. A prompt whose history window shows one of
-    the model's wrong actions is no prompt-loss target (sft.ar_prompt_loss would otherwise train on that action)."""
+    to, each with the expert's response (once per loop: an invalid action repeated on an unchanged page gives
+    the same prompt but for its step number). A prompt whose history window shows one of the model's wrong
+    actions is no prompt-loss target (sft.ar_prompt_loss would otherwise train on that action)."""
     dcfg = _decode(cfg, temperature=0.0, threshold=cfg.sft.dagger_threshold)
     model.eval()
     with torch.no_grad(), autocast(cfg):
@@ -384,9 +385,10 @@ def dagger_samples(cfg, model, tok, step: int) -> tuple:
         off += 1
         for i in range(wrong.index(True), len(ep)):
             fix = ep[i].relabel
-            if tuple(fix.prompt_ids) in seen:  # a repeated invalid action leaves the state, and so the prompt, as it was
+            key = (ep[i].episode_id, ep[i].anchor, ep[i - 1].action if i else None, ep[i].action)
+            if key in seen:  # the same invalid action again: the page, the history and the answer are as before
                 continue
-            seen.add(tuple(fix.prompt_ids))
+            seen.add(key)
             fix.prompt_loss = not any(wrong[max(0, i - cfg.env.history):i])
             out.append(fix)
     return out, {"policy_success": m["success"], "policy_valid": m["valid_ratio"], "episodes": m["num_episodes"],
