@@ -133,6 +133,30 @@ def test_relabel_answers_the_visited_prompts_and_never_steers(setup):
     assert any(s.relabel.response_ids != s.response_ids for s in both)
 
 
+def test_expert_relabel_answers_every_state_the_policy_reaches(setup):
+    """rollout(relabel="expert") (an SFT DAgger round): the env's expert answers each prompt the policy's
+    episodes visit, read back by replaying the policy's actions in a fresh env; the episodes are the policy's."""
+    cfg, tok, model, dcfg, ids = setup
+    env_cfg = dataclasses.replace(cfg.env, max_steps=5)
+    with torch.no_grad():
+        alone, _ = rollout(model, tok, env_cfg, dcfg, ids, seed=2)
+        steps, m = rollout(model, tok, env_cfg, dcfg, ids, seed=2, relabel="expert")
+    assert [(s.prompt_ids, s.response_ids, s.action) for s in steps] == [(s.prompt_ids, s.response_ids, s.action)
+                                                                         for s in alone]
+    assert m["time_relabel"] == 0.0
+    for e in m["episodes"]:
+        env = webshop.make(env_cfg)
+        env.reset(task_id=e["task_id"], seed=2 + e["group_id"])
+        for s in sorted((s for s in steps if s.episode_id == e["episode_id"]), key=lambda s: s.step):
+            r = s.relabel
+            assert r.prompt_ids == s.prompt_ids and r.trace is None and r.response_ids[-1] == tok.eot_id
+            assert r.action == webshop.expert_action(env)[1] and r.text.startswith("<think>")
+            env.step(s.action)
+    assert any(s.relabel.action != s.action for s in steps)  # a random model errs where the expert would not
+    with pytest.raises(ValueError, match="a model or 'expert'"):
+        rollout(model, tok, env_cfg, dcfg, ids[:1], relabel="teacher")
+
+
 class _Flaky:
     """An env whose step raises EnvError after `fail_at` steps (a server gone mid-episode)."""
 

@@ -407,6 +407,83 @@ def test_sft_prompt_loss_leaves_out_prompts_that_show_a_detour(tmp_path):
     assert loss([hidden, other], True) == pytest.approx(both, rel=1e-5)
 
 
+def test_dagger_round_keeps_the_states_from_the_first_wrong_action_on(tmp_path, monkeypatch):
+    """A DAgger round's corrections: nothing from an episode that follows the expert throughout; from an
+    episode's first wrong action on, each state with the expert's response, one per invalid-action loop; no
+    prompt loss where the history window (env.history 1) shows a wrong action. The rollouts are the model's,
+    greedy at sft.dagger_threshold, on the first sft.dagger_tasks SFT tasks."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import train
+    from d3mini.config import load_config
+    from d3mini.rollout import StepSample
+    cfg = load_config(os.path.join(ROOT, "configs/tiny.yaml"), [*SMOKE, f"train.out_dir={tmp_path}", "env.history=1",
+                                                                    "sft.dagger_tasks=5", "sft.dagger_threshold=0.9"])
+    plan = {0: [("o0", "a"), ("o1", "b")],  # (observation, policy action); the expert says "x" throughout
+            1: [("o0", "x"), ("o1", "a"), ("o1", "a"), ("o1", "a"), ("o1", "x"), ("o2", "x")],
+            2: [("o0", "x"), ("o1", "x")]}
+    calls = []
+
+    def fake_rollout(model, tok, env_cfg, dcfg, ids, **kw):
+        calls.append((dcfg.threshold, dcfg.temperature, list(ids), kw["relabel"], kw["seed"]))
+        out = []
+        for ep, steps in plan.items():
+            for t, (obs, act) in enumerate(steps):
+                expert = "x" if ep else act  # episode 0: the policy does what the expert says
+                mk = lambda a: StepSample(prompt_ids=[ep, t], response_ids=[1], trace=None, confidence=None, action=a,
+                                          valid=True, reward=0.0, group_id=ep, episode_id=ep, step=t, anchor=obs)
+                s = mk(act)
+                s.relabel = mk(f"{expert}")
+                s.relabel.response_ids = [9]
+                out.append(s)
+        return out, {"success": 0.5, "valid_ratio": 0.75, "num_episodes": 3}
+
+    monkeypatch.setattr(train, "rollout", fake_rollout)
+    model = torch.nn.Linear(1, 1)
+    fixes, m = train.dagger_samples(cfg, model, None, 7)
+    assert calls == [(0.9, 0.0, train.sft_task_ids(cfg)[:5], "expert", cfg.train.seed)]
+    assert [(x.prompt_ids, x.action, x.prompt_loss) for x in fixes] == [
+        ([1, 1], "x", True),    # the first wrong action: the history shows the right one before it
+        ([1, 2], "x", False),   # the same action again on the same page: a loop, kept once ...
+        ([1, 4], "x", False),   # ... the step that leaves the loop shows the last repeat
+        ([1, 5], "x", True)]    # the model back on the expert's path, its history clean again
+    assert all(x.response_ids == [9] for x in fixes) and model.training
+    assert m == {"policy_success": 0.5, "policy_valid": 0.75, "episodes": 3, "episodes_off": 1, "corrections": 4}
+
+
+def test_sft_dagger_round_is_kept_for_a_resumed_run(tmp_path):
+    """sft.dagger_at: the round's corrections are written to out_dir/dagger/ and join the SFT data; a run
+    killed after the round resumes from a checkpoint before it with the same corrections read back (the same
+    weights and losses as an uninterrupted run); a missing file stops the resume with its name."""
+    args = ["train.stages=[sft]", "sft.steps=4", "sft.dagger_at=[1]", "sft.dagger_tasks=4", "train.save_every=1",
+            "train.threads=1", "eval.sweep=[1.0]", "eval.thresholds=[1.0]"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = run(args, a)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = [json.loads(l) for l in open(a / "metrics.jsonl") if '"sft/dagger"' in l]
+    assert len(rec) == 1 and rec[0]["step"] == 1 and rec[0]["episodes"] == 4 and "DAgger round" in r.stdout
+    fixes = json.load(open(a / "dagger" / "step_00000001.json"))
+    assert len(fixes) == rec[0]["corrections"] > 0  # a 3-step smoke model errs on some task
+    assert all(f["response_ids"] and f["action"] for f in fixes)
+    os.environ["D3MINI_CRASH_AT"] = "sft:3"
+    try:
+        r = run(args, b)
+        assert r.returncode == 75, r.stderr[-3000:]
+    finally:
+        del os.environ["D3MINI_CRASH_AT"]
+    import shutil
+    shutil.rmtree(b / "ckpt" / "step_00000003")  # resume from step 2: after the round, which is not rerun
+    os.rename(b / "dagger", tmp_path / "away")
+    r = run(args + ["--resume"], b)
+    assert r.returncode != 0 and "step_00000001.json" in r.stderr and "sft.dagger_at" in r.stderr
+    os.rename(tmp_path / "away", b / "dagger")
+    r = run(args + ["--resume"], b)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "DAgger round" not in r.stdout
+    _assert_same_weights(_weights(a), _weights(b), atol=0)
+    assert _records(a) == _records(b)
+
+
 def test_rl_rollouts_decode_at_rl_threshold_else_decode_threshold():
     """rl.threshold sets the RL rollouts' decode threshold; unset, they decode at decode.threshold."""
     sys.path.insert(0, ROOT)
