@@ -320,7 +320,8 @@ _NONNEG = ["env.history", "sft.steps", "sft.episodes", "sft.warmup", "rl.steps",
            "env.retries", "train.threads", "sft.val_every", "sft.val_episodes", "distill.expert_batch",
            "distill.expert_weight", "distill.teacher_weight", "rl.step_weight", "rl.neg_weight",
            "sft.lr", "rl.lr", "distill.lr"]
-_UNIT = ["sft.detours", "sft.dagger_threshold", "rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max", "sft.min_lr_ratio", "distill.teacher_gate"]
+_UNIT = ["sft.detours", "sft.dagger_threshold", "rl.gamma", "decode.top_p", "rl.p_mask_prompt", "distill.r_max",
+         "sft.min_lr_ratio", "distill.teacher_gate"]
 
 
 def _check_values(cfg: Config, src: str) -> None:

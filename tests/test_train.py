@@ -176,14 +176,15 @@ def test_killed_mid_stage_and_resumed_equals_uninterrupted(tmp_path):
 
 
 def test_torchrun_two_processes_equal_one_process(tmp_path):
-    """torchrun --nproc_per_node 2 (gloo, FSDP2) through train.py's own SFT and RL stages: the same
-    losses and gradient norms (1e-6 relative) and the same updated parameters as one process on the same
+    """torchrun --nproc_per_node 2 (gloo, FSDP2) through train.py's own SFT (with a DAgger round) and RL
+    stages: the same losses and gradient norms (1e-6 relative) and the same updated parameters as one process on the same
     global batches. fp32: bf16 autocast rounds differently for the half-size per-rank matmuls. The
     parameter tolerance is 1% of one Adam step (lr 2e-3): Adam's first update is g / (|g| + eps) per
     coordinate, so a gradient entry near 1e-9 whose 7th digit differs (another matmul blocking for
     the half batch) moves by up to ~1e-6 although every loss and norm agrees to 1e-7."""
     args = ["train.stages=[sft,rl]", "sft.steps=2", "rl.steps=1", "train.threads=1", "eval.num_tasks=1",
             "train.dtype=float32", "rl.kl=k3",  # the frozen reference: a copy of the sharded model, saved
+            "sft.dagger_at=[1]", "sft.dagger_tasks=2",  # every rank rolls the sharded model out alike
             "eval.sweep=[1.0]", "eval.thresholds=[1.0]"]
     one, two = tmp_path / "one", tmp_path / "two"
     r = run(args, one)
@@ -197,6 +198,8 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
     assert "world 2" in r.stdout
     ra, rb = _records(one), _records(two)
     assert ra.keys() == rb.keys() and ("rl", 1) in ra
+    fixes = [json.load(open(d / "dagger" / "step_00000001.json")) for d in (one, two)]
+    assert fixes[0] == fixes[1]
     for key in ra:
         for k, v in ra[key].items():
             if k in ("loss", "grad_norm", "rl/loss", "pg_loss") and isinstance(v, float):
