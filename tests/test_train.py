@@ -177,8 +177,8 @@ def test_killed_mid_stage_and_resumed_equals_uninterrupted(tmp_path):
 
 def test_torchrun_two_processes_equal_one_process(tmp_path):
     """torchrun --nproc_per_node 2 (gloo, FSDP2) through train.py's own SFT (with a DAgger round) and RL
-    stages: the same losses and gradient norms (1e-6 relative) and the same updated parameters as one process on the same
-    global batches. fp32: bf16 autocast rounds differently for the half-size per-rank matmuls. The
+    stages: the same corrections, losses and gradient norms (1e-6 relative) and the same updated parameters
+    as one process on the same global batches. fp32: bf16 autocast rounds differently for the half-size per-rank matmuls. The
     parameter tolerance is 1% of one Adam step (lr 2e-3): Adam's first update is g / (|g| + eps) per
     coordinate, so a gradient entry near 1e-9 whose 7th digit differs (another matmul blocking for
     the half batch) moves by up to ~1e-6 although every loss and norm agrees to 1e-7."""
