@@ -15,7 +15,8 @@ and is saved; a second Ctrl-C stops at once); `--resume` continues from the late
 the model is evaluated on held-out tasks and a results table is written to <out_dir>/results.md.
 
 <out_dir> holds: config.yaml, tokenizer.json, metrics.jsonl (one line per step and evaluation),
-ckpt/step_* (resumable; `eval.py --ckpt` evaluates one), rollouts/ (sample dumps), results.json
+ckpt/step_* (resumable; `eval.py --ckpt` evaluates one), rollouts/ (sample dumps), dagger/ (the
+corrections of sft.dagger_at's rounds, read back by a resumed run), results.json
 (per stage and threshold, with per-task outcomes), results.md, run.json (commands, commits and
 wall-clock of the run's pieces) and export/ (the final model as a checkpoint folder).
 """
