@@ -370,11 +370,12 @@ def dagger_samples(cfg, model, tok, step: int) -> tuple:
     the same prompt but for its step number). A prompt whose history window shows one of the model's wrong
     actions is no prompt-loss target (sft.ar_prompt_loss would otherwise train on that action)."""
     dcfg = _decode(cfg, temperature=0.0, threshold=cfg.sft.dagger_threshold)
+    was = model.training
     model.eval()
     with torch.no_grad(), autocast(cfg):
         steps, m = rollout(model, tok, cfg.env, dcfg, sft_task_ids(cfg)[:cfg.sft.dagger_tasks], seed=cfg.train.seed,
                            batch_size=cfg.eval.batch_episodes, relabel="expert")
-    model.train()
+    model.train(was)
     episodes: dict = {}
     for s in steps:
         episodes.setdefault(s.episode_id, []).append(s)
@@ -429,7 +430,7 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
     opt, sch = make_optimizer(cfg, model, cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, cfg.sft.min_lr_ratio)
     step = resume_into(cfg, model, opt, sch, start)
 
-    def plan(first: int) -> list:  # the batches of steps first.. over the data as it is (a DAgger round grows it)
+    def plan(data: list, first: int) -> list:  # the batches of steps first.. (a DAgger round grows the data)
         return length_batches([len(s.prompt_ids) + len(s.response_ids) for s in data], cfg.sft.batch_size,
                               cfg.sft.steps - first, cfg.train.seed + first)
 
@@ -438,13 +439,13 @@ def sft_stage(cfg, model, tok, info, log, start, ckpt_extra):
         if t < step:
             data = data + dagger_round(cfg, model, tok, info, log, t, resumed=True)
             first = t
-    batches = plan(first)
+    batches = plan(data, first)
     bar = progress(cfg.sft.steps, step, "sft", info)
     while step < cfg.sft.steps:
         t0 = time.time()
         if step in cfg.sft.dagger_at:
             data = data + dagger_round(cfg, model, tok, info, log, step, resumed=False)
-            first, batches = step, plan(step)
+            first, batches = step, plan(data, step)
         batch = [data[i] for i in batches[step - first]]
         gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + step)
         with autocast(cfg):

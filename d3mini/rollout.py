@@ -156,8 +156,7 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
                               reward=0.0, group_id=e.group_id, episode_id=e.episode_id, step=step, text=text,
                               think_len=action_start(tokenizer, ids), anchor=e.obs)
 
-        def expert_says(e):
-            text = mod.expert(e.env, rng)
+        def scripted(text):  # a response written, not decoded: no trace, no forwards
             return tokenizer.encode(text) + [tokenizer.eot_id], text, None, None, 0, 0, 0
 
         if expert:
@@ -168,18 +167,15 @@ def rollout(model, tokenizer, env_cfg: EnvConfig, decode_cfg: DecodeConfig, task
                         and rng.random() < detours:
                     wrong = mod.mistake(e.env, rng)
                 e.wrong.append(wrong is not None)
-                if wrong is None:
-                    outs.append(expert_says(e))
-                else:
-                    text = f"<think>a detour.</think><action>{wrong}</action>"
-                    outs.append((tokenizer.encode(text) + [tokenizer.eot_id], text, None, None, 0, 0, 0))
+                outs.append(scripted(mod.expert(e.env, rng) if wrong is None
+                                     else f"<think>a detour.</think><action>{wrong}</action>"))
         else:
             td = time.time()
             outs = decode_all(model)
             t_decode += time.time() - td
         other = [None] * len(active)
         if by_expert:
-            other = [expert_says(e) for e in active]
+            other = [scripted(mod.expert(e.env, rng)) for e in active]
         elif relabel is not None:
             tr0 = time.time()
             other = decode_all(relabel)
